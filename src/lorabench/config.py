@@ -1,0 +1,242 @@
+"""Typed schema of every config group, registered in Hydra's ConfigStore.
+
+Each YAML option under conf/<group>/ names its schema first in its defaults list
+(`- base_<group>`, Hydra's "extend a structured config" pattern), so a wrong type or an unknown key fails at composition with
+Hydra's own message, before any cell runs. Range checks that OmegaConf cannot express live in
+`__post_init__` and run when `OmegaConf.to_object(cfg)` builds the dataclasses at the start of a
+cell: a bad value then fails that cell (recorded in its metrics.json) before a model is built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+class Precision(Enum):
+    nf4 = "nf4"  # QLoRA: 4-bit NormalFloat weights, double quantisation, bf16 compute (the seed's recipe)
+    int8 = "int8"  # LLM.int8() weights, bf16 compute
+    bf16 = "bf16"
+    fp16 = "fp16"  # fp16 weights, fp32 LoRA adapters, loss scaling
+    fp32 = "fp32"
+
+
+class OptimizerName(Enum):
+    # Names are HF Trainer's `optim` values; the Trainer builds each one.
+    paged_adamw_8bit = "paged_adamw_8bit"  # seed default (bitsandbytes, CUDA only)
+    adamw_torch = "adamw_torch"
+    adamw_torch_fused = "adamw_torch_fused"
+    adamw_8bit = "adamw_8bit"  # bitsandbytes, CUDA only
+    adafactor = "adafactor"
+
+
+class Schedule(Enum):
+    constant = "constant"
+    constant_with_warmup = "constant_with_warmup"
+    linear = "linear"
+    cosine = "cosine"
+
+
+class DataKind(Enum):
+    tiny_instruct = "tiny_instruct"  # generated arithmetic Q/A pairs in the Mistral chat format
+    synthetic = "synthetic"  # fixed-length random tokens, no padding: pure throughput
+
+
+class Padding(Enum):
+    longest = "longest"  # pad each batch to its longest sample
+    max_length = "max_length"  # pad every sample to seq_len, as the seed did
+
+
+class Device(Enum):
+    auto = "auto"  # cuda when available, else cpu
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class Pricing(Enum):
+    on_demand = "on_demand"
+    spot = "spot"
+
+
+class LoggerKind(Enum):
+    none = "none"
+    wandb = "wandb"
+
+
+class WandbMode(Enum):
+    disabled = "disabled"
+    offline = "offline"
+    online = "online"
+
+
+def _positive(name: str, value: float) -> None:
+    if value <= 0:
+        raise ValueError(f"{name} must be > 0, got {value!r}")
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    # Local directory with config.json + *.safetensors (or a hub id when online). null = random
+    # initialisation built directly on the target device: valid speed and memory, not quality.
+    path: Optional[str] = None
+    # Architecture for random initialisation (ignored when `path` is set: the checkpoint's own
+    # config.json is used then).
+    num_hidden_layers: int = MISSING
+    hidden_size: int = MISSING
+    intermediate_size: int = MISSING
+    num_attention_heads: int = MISSING
+    num_key_value_heads: int = MISSING
+    head_dim: int = MISSING
+    vocab_size: int = 32768
+    rope_theta: float = 1_000_000.0
+    max_position_embeddings: int = 32768
+    rms_norm_eps: float = 1e-5
+    # Std of the random initialisation. Mistral's 0.02 caps a tiny model's logits: with hidden 128
+    # after RMSNorm, |logit| <= 0.02 * 128 = 2.6, so its loss could not fall far below ln(32768).
+    initializer_range: float = 0.02
+    # Tokenizer file shipped inside the mistral-common wheel (mistral_common/data/), or a path.
+    tokenizer: str = "mistral_instruct_tokenizer_240323.model.v3"
+    attn_implementation: str = "sdpa"
+
+    def __post_init__(self) -> None:
+        for k in ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
+                  "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings"):
+            _positive(f"model.{k}", getattr(self, k))
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"model.num_attention_heads ({self.num_attention_heads}) must be a multiple "
+                             f"of model.num_key_value_heads ({self.num_key_value_heads})")
+
+
+@dataclass
+class PrecisionConfig:
+    name: Precision = MISSING
+    double_quant: bool = True  # nf4 only: quantise the quantisation constants too (~0.4 bit/param saved)
+
+
+@dataclass
+class LoraConfig:
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.05
+    # Module names PEFT matches, or ["all-linear"] for every linear layer but the output head.
+    target_modules: List[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+
+    def __post_init__(self) -> None:
+        _positive("lora.r", self.r)
+        _positive("lora.alpha", self.alpha)
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"lora.dropout must be in [0, 1), got {self.dropout!r}")
+        if not self.target_modules:
+            raise ValueError("lora.target_modules is empty: name at least one module, e.g. [q_proj, v_proj]")
+
+
+@dataclass
+class OptimizerConfig:
+    name: OptimizerName = MISSING
+    lr: float = 2e-4
+    schedule: Schedule = Schedule.constant_with_warmup
+    warmup_steps: int = 0  # learning-rate warmup (unrelated to train.timing_warmup_steps)
+    weight_decay: float = 0.0
+    max_grad_norm: float = 0.3  # QLoRA paper's value
+
+    def __post_init__(self) -> None:
+        _positive("optimizer.lr", self.lr)
+        if self.warmup_steps < 0:
+            raise ValueError(f"optimizer.warmup_steps must be >= 0, got {self.warmup_steps}")
+
+
+@dataclass
+class DataConfig:
+    kind: DataKind = MISSING
+    num_samples: int = 1024  # samples generated; the Trainer cycles through them for max_steps
+    seed: int = 0
+    padding: Padding = Padding.longest
+    num_workers: int = 0  # DataLoader worker processes
+    pin_memory: bool = True
+
+    def __post_init__(self) -> None:
+        _positive("data.num_samples", self.num_samples)
+        if self.num_workers < 0:
+            raise ValueError(f"data.num_workers must be >= 0, got {self.num_workers}")
+
+
+@dataclass
+class GpuConfig:
+    # `auto` = the device this cell runs on, looked up in conf/gpu/*.yaml by `match`.
+    name: str = MISSING
+    match: List[str] = field(default_factory=list)  # substrings of torch.cuda.get_device_name()
+    memory_gib: Optional[float] = None
+    peak_bf16_tflops: Optional[float] = None  # dense bf16 tensor-core peak, for MFU
+    price_per_hour: Optional[float] = None  # USD per GPU-hour, on demand
+    spot_price_per_hour: Optional[float] = None
+    pricing: Pricing = Pricing.on_demand
+
+    def __post_init__(self) -> None:
+        for k in ("price_per_hour", "spot_price_per_hour", "memory_gib", "peak_bf16_tflops"):
+            v = getattr(self, k)
+            if v is not None and v < 0:
+                raise ValueError(f"gpu.{k} must be >= 0, got {v!r}")
+
+
+@dataclass
+class LoggerConfig:
+    kind: LoggerKind = LoggerKind.none
+    project: str = "lorabench"
+    entity: Optional[str] = None
+    mode: WandbMode = WandbMode.offline
+
+
+@dataclass
+class TrainConfig:
+    max_steps: int = 40  # optimizer steps
+    # Steps excluded from every timing, memory and utilisation figure: CUDA context, kernel
+    # autotuning, allocator growth and optimizer-state creation all happen in the first steps.
+    timing_warmup_steps: int = 5
+    grad_accum: int = 1
+    gradient_checkpointing: bool = False
+    seed: int = 0
+    device: Device = Device.auto
+
+    def __post_init__(self) -> None:
+        _positive("train.max_steps", self.max_steps)
+        _positive("train.grad_accum", self.grad_accum)
+        if not 0 <= self.timing_warmup_steps < self.max_steps:
+            raise ValueError(f"train.timing_warmup_steps must be in [0, train.max_steps={self.max_steps}), "
+                             f"got {self.timing_warmup_steps}: no step would be timed")
+
+
+@dataclass
+class Config:
+    # The two shape axes are plain integers, so any value works from the command line
+    # (seq_len=768 batch=6) and `-m seq_len=512,1024 batch=4,8` sweeps them.
+    seq_len: int = 1024  # tokens per sample after truncation
+    batch: int = 4  # samples per device per micro-batch
+    model: ModelConfig = MISSING
+    precision: PrecisionConfig = MISSING
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    optimizer: OptimizerConfig = MISSING
+    data: DataConfig = MISSING
+    gpu: GpuConfig = MISSING
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def __post_init__(self) -> None:
+        _positive("seq_len", self.seq_len)
+        _positive("batch", self.batch)
+
+
+def register_configs() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="config_schema", node=Config)
+    for group, node in [("model", ModelConfig), ("precision", PrecisionConfig), ("lora", LoraConfig),
+                        ("optimizer", OptimizerConfig), ("data", DataConfig), ("gpu", GpuConfig),
+                        ("logger", LoggerConfig)]:
+        cs.store(group=group, name=f"base_{group}", node=node)
+
+
+register_configs()

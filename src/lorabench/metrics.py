@@ -1,0 +1,279 @@
+"""What a cell measures, and how.
+
+Window: the first `train.timing_warmup_steps` optimizer steps are excluded from every figure; the
+timed window runs from the end of the last warmup step to the end of the last step. The device is
+synchronised at each step boundary, so a step's time covers its data loading, forward, backward,
+optimizer step and logging, and nothing of a neighbour's.
+
+Tokens, counted per micro-batch from what the model actually received:
+  perf/tokens_per_s        non-pad tokens (attention_mask == 1): the headline figure
+  perf/total_tokens_per_s  every position, padding included (what a padded batch costs)
+  perf/label_tokens_per_s  tokens that carry loss (labels != -100)
+Memory: torch's peak allocated / reserved bytes since the end of warmup (the caching allocator's
+pool; nvidia-smi shows reserved + CUDA context + other processes).
+MFU: model FLOPs per non-pad token over the GPU's dense bf16 peak, with
+  FLOPs = (4*N_base + 6*N_lora) per token + 12*L*H*head_dim*l^2 per sample of l tokens.
+  A frozen base weight costs 2 (forward) + 2 (input gradient) FLOPs per token and has no weight
+  gradient; an adapter weight costs the full 6. Recomputation from gradient checkpointing and 4-bit
+  dequantisation are not model FLOPs and are not counted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import threading
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+from transformers import Trainer, TrainerCallback
+
+from lorabench.config import GpuConfig, Pricing
+
+GIB = 2**30
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class MeasuredTrainer(Trainer):
+    """HF Trainer that hands every micro-batch to the StepMeter before training on it."""
+
+    def __init__(self, *args, meter: "StepMeter", **kwargs):
+        super().__init__(*args, **kwargs)
+        self.meter = meter
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        self.meter.count_batch(inputs)
+        return super().training_step(model, inputs, num_items_in_batch)
+
+
+class StepMeter(TrainerCallback):
+    """Per-step wall time, token counts and loss; one line per step in steps.jsonl."""
+
+    def __init__(self, device: torch.device, warmup_steps: int, steps_path: Path, sampler=None, on_step=None):
+        self.device, self.warmup_steps, self.sampler, self.on_step = device, warmup_steps, sampler, on_step
+        self.steps: list[dict] = []
+        self._file = open(steps_path, "a", buffering=1)  # line-buffered: a killed cell keeps its steps
+        self._counts = torch.zeros(3, dtype=torch.int64, device=device)
+        self._positions = self._samples = 0
+        self._last_end = 0.0
+        self.window_start = None  # perf_counter() at the end of the last warmup step
+
+    @property
+    def window_s(self) -> float:
+        """Seconds from the end of the last warmup step to the end of the last step."""
+        return self._last_end - self.window_start
+
+    def count_batch(self, inputs: dict) -> None:
+        # Data-dependent counts stay on the device and are read once per step, at the step's
+        # synchronisation point: no host round trip per micro-batch. Shapes are known on the host.
+        mask = inputs["attention_mask"]
+        lengths = mask.sum(dim=1)
+        self._counts += torch.stack([lengths.sum(), (lengths * lengths).sum(),
+                                     (inputs["labels"] != -100).sum()]).to(self._counts.device)
+        self._positions += mask.numel()
+        self._samples += mask.shape[0]
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        sync(self.device)
+        self._last_end = time.perf_counter()
+        if self.warmup_steps == 0:
+            self._start_window()
+
+    def _start_window(self) -> None:
+        self.window_start = self._last_end
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        if self.sampler:
+            self.sampler.start()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        sync(self.device)
+        now = time.perf_counter()
+        nonpad, sq, labelled = self._counts.tolist()
+        total, samples = self._positions, self._samples
+        self._counts.zero_()
+        self._positions = self._samples = 0
+        self.steps.append({"step": state.global_step, "time_s": now - self._last_end,
+                           "timed": state.global_step > self.warmup_steps,
+                           "tokens_nonpad": nonpad, "tokens_total": total, "tokens_label": labelled,
+                           "samples": samples, "sum_len_sq": sq})
+        self._last_end = now
+        if state.global_step == self.warmup_steps:
+            self._start_window()
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not logs or "loss" not in logs or not self.steps:
+            return  # the Trainer's end-of-training summary, not a step
+        rec = self.steps[-1]
+        rec.update(loss=logs["loss"], lr=logs.get("learning_rate"), grad_norm=logs.get("grad_norm"))
+        self._file.write(json.dumps(rec) + "\n")
+        if self.on_step:
+            self.on_step(rec)
+        if not math.isfinite(rec["loss"]):
+            raise FloatingPointError(f"loss is {rec['loss']} at step {rec['step']}: stopping this cell "
+                                     "instead of training on garbage")
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.sampler:
+            self.sampler.stop()
+        self._file.close()
+
+
+class NvmlSampler:
+    """Samples utilisation, power, temperature and clocks of one GPU in a background thread.
+
+    The NVML handle is found by UUID: NVML numbers GPUs physically and ignores
+    CUDA_VISIBLE_DEVICES, so cuda:0 is not always NVML index 0.
+    """
+
+    def __init__(self, device: torch.device, interval_s: float = 0.5):
+        import pynvml  # from nvidia-ml-py
+
+        self.nvml = pynvml
+        pynvml.nvmlInit()
+        uuid = str(torch.cuda.get_device_properties(device).uuid)
+        self.handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+        self.driver = pynvml.nvmlSystemGetDriverVersion()
+        self.interval_s = interval_s
+        self.samples: list[tuple[float, float, float, float]] = []
+        self._stop = threading.Event()
+        self._thread = None
+        self._energy0 = self._energy1 = None
+
+    def _energy_mj(self):
+        try:
+            return self.nvml.nvmlDeviceGetTotalEnergyConsumption(self.handle)
+        except self.nvml.NVMLError:
+            return None
+
+    def _run(self) -> None:
+        n = self.nvml
+        while not self._stop.is_set():
+            try:
+                self.samples.append((
+                    n.nvmlDeviceGetUtilizationRates(self.handle).gpu,
+                    n.nvmlDeviceGetPowerUsage(self.handle) / 1000.0,  # mW -> W
+                    n.nvmlDeviceGetTemperature(self.handle, n.NVML_TEMPERATURE_GPU),
+                    n.nvmlDeviceGetClockInfo(self.handle, n.NVML_CLOCK_SM),
+                ))
+            except n.NVMLError:
+                pass
+            self._stop.wait(self.interval_s)
+
+    def start(self) -> None:
+        self._energy0 = self._energy_mj()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread:
+            self._stop.set()
+            self._thread.join()
+            self._energy1 = self._energy_mj()
+
+    def summary(self) -> dict:
+        if not self.samples:
+            return {}
+        util, power, temp, sm = zip(*self.samples)
+        out = {"gpu/util_mean_pct": sum(util) / len(util), "gpu/power_mean_w": sum(power) / len(power),
+               "gpu/power_max_w": max(power), "gpu/temp_max_c": max(temp), "gpu/sm_clock_mean_mhz": sum(sm) / len(sm),
+               "gpu/nvml_samples": len(util)}
+        if self._energy0 is not None and self._energy1 is not None:
+            out["gpu/energy_j"] = (self._energy1 - self._energy0) / 1000.0
+        return out
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def resolve_gpu(gpu: GpuConfig, device_name: str) -> GpuConfig:
+    """gpu=auto: the conf/gpu option whose `match` fits this device name; fields set on the command
+    line (e.g. gpu.price_per_hour=2.49) still win. Another option is returned as given."""
+    if gpu.name != "auto":
+        return gpu
+    for path in sorted((CONF_DIR / "gpu").glob("*.yaml")):
+        if path.stem == "auto":
+            continue
+        raw = OmegaConf.load(path)
+        raw.pop("defaults", None)
+        spec: GpuConfig = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(GpuConfig), raw))
+        if any(re.search(p, device_name) for p in spec.match):
+            overrides = {k: v for k, v in asdict(gpu).items()
+                         if k not in ("name", "match", "pricing") and v is not None}
+            overrides["pricing"] = gpu.pricing
+            return GpuConfig(**{**asdict(spec), **overrides})
+    return GpuConfig(name=device_name, pricing=gpu.pricing, **{k: v for k, v in asdict(gpu).items()
+                                                                 if k not in ("name", "pricing")})
+
+
+def hourly_price(gpu: GpuConfig):
+    return gpu.spot_price_per_hour if gpu.pricing is Pricing.spot else gpu.price_per_hour
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default method), q in [0, 100]."""
+    xs = sorted(values)
+    k = (len(xs) - 1) * q / 100.0
+    lo, hi = math.floor(k), math.ceil(k)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def summarize(steps: list[dict], window_s: float, params: dict, arch: dict, gpu: GpuConfig,
+              n_gpus: int = 1) -> dict:
+    """Throughput, FLOPs, cost and loss from the per-step records of the timed window."""
+    timed = [s for s in steps if s["timed"]]
+    if not timed:
+        raise RuntimeError("no timed step: train.max_steps must exceed train.timing_warmup_steps")
+    tot = {k: sum(s[k] for s in timed) for k in ("tokens_nonpad", "tokens_total", "tokens_label", "samples",
+                                                  "sum_len_sq")}
+    times = [s["time_s"] for s in timed]
+    flops = ((4 * params["base_matmul"] + 6 * params["trainable"]) * tot["tokens_nonpad"]
+             + 12 * arch["layers"] * arch["heads"] * arch["head_dim"] * tot["sum_len_sq"])
+    out = {
+        "perf/tokens_per_s": tot["tokens_nonpad"] / window_s,
+        "perf/total_tokens_per_s": tot["tokens_total"] / window_s,
+        "perf/label_tokens_per_s": tot["tokens_label"] / window_s,
+        "perf/samples_per_s": tot["samples"] / window_s,
+        "perf/step_time_p50_s": percentile(times, 50),
+        "perf/step_time_p90_s": percentile(times, 90),
+        "perf/step_time_mean_s": sum(times) / len(times),
+        "perf/model_tflops": flops / window_s / 1e12,
+        "perf/mfu_pct": (100 * flops / window_s / (n_gpus * gpu.peak_bf16_tflops * 1e12)
+                         if gpu.peak_bf16_tflops else None),
+        "data/pad_fraction": 1 - tot["tokens_nonpad"] / tot["tokens_total"],
+        "count/timed_steps": len(timed),
+        "count/tokens_nonpad": tot["tokens_nonpad"],
+        "count/tokens_total": tot["tokens_total"],
+        "count/samples": tot["samples"],
+        "time/window_s": window_s,
+        "train/loss_first": steps[0].get("loss"),
+        "train/loss_final": steps[-1].get("loss"),
+        "params/base_matmul": params["base_matmul"],
+        "params/trainable": params["trainable"],
+    }
+    price = hourly_price(gpu)
+    if price is not None:
+        usd_per_s = price * n_gpus / 3600
+        out["cost/usd_per_hour"] = price * n_gpus
+        out["cost/usd_per_1k_samples"] = usd_per_s / out["perf/samples_per_s"] * 1e3
+        out["cost/usd_per_1m_tokens"] = usd_per_s / out["perf/tokens_per_s"] * 1e6
+    return out
+
+
+def memory_stats(device: torch.device) -> dict:
+    if device.type != "cuda":
+        return {}
+    return {"mem/peak_allocated_gib": torch.cuda.max_memory_allocated(device) / GIB,
+            "mem/peak_reserved_gib": torch.cuda.max_memory_reserved(device) / GIB,
+            "mem/device_total_gib": torch.cuda.get_device_properties(device).total_memory / GIB,
+            "mem/num_alloc_retries": torch.cuda.memory_stats(device).get("num_alloc_retries", 0)}

@@ -1,0 +1,210 @@
+"""Tokenizer, base model and LoRA adapter: the builders train.py and bench.py share.
+
+The base model comes from `model.path` (real safetensors weights) or, when that is null, from a
+random initialisation made directly on the target device: Mistral-7B's architecture without a
+14 GB download, which gives valid speed and memory figures (not quality). Quantised cells go
+through transformers' own bitsandbytes loader in both cases, so random and real weights are
+quantised by the same code.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from lorabench.config import Config, LoraConfig, ModelConfig, OptimizerName, Precision
+
+# Precision -> dtype of the weights that stay unquantised (and of the 4/8-bit compute).
+WEIGHT_DTYPE = {
+    Precision.nf4: torch.bfloat16,
+    Precision.int8: torch.bfloat16,
+    Precision.bf16: torch.bfloat16,
+    Precision.fp16: torch.float16,
+    Precision.fp32: torch.float32,
+}
+QUANTISED = (Precision.nf4, Precision.int8)
+BNB_OPTIMIZERS = (OptimizerName.paged_adamw_8bit, OptimizerName.adamw_8bit)
+
+
+def resolve_device(cfg: Config) -> torch.device:
+    want = cfg.train.device.value
+    if want == "auto":
+        want = "cuda" if torch.cuda.is_available() else "cpu"
+    if want == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("train.device=cuda but torch sees no CUDA device "
+                           f"(torch {torch.__version__}); use train.device=cpu or auto")
+    if want == "cuda":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    return torch.device("cpu")
+
+
+def check_compatible(cfg: Config, device: torch.device) -> None:
+    """Reject combinations that cannot run here, before any model is built."""
+    p = cfg.precision.name
+    if device.type != "cuda":
+        if p in QUANTISED:
+            raise RuntimeError(f"precision={p.value} needs a CUDA GPU: bitsandbytes' CPU path is a slow "
+                               "fallback whose numbers mean nothing for sizing a GPU. On CPU use "
+                               "precision=fp32 or precision=bf16.")
+        if p is Precision.fp16:
+            raise RuntimeError("precision=fp16 needs a CUDA GPU (fp16 loss scaling is not supported on "
+                               "CPU); on CPU use precision=fp32 or precision=bf16.")
+        if cfg.optimizer.name in BNB_OPTIMIZERS:
+            raise RuntimeError(f"optimizer={cfg.optimizer.name.value} is a bitsandbytes CUDA optimizer; "
+                               "on CPU use optimizer=adamw_torch, adamw_torch_fused or adafactor.")
+    if cfg.lora.r > cfg.model.hidden_size:
+        raise ValueError(f"lora.r={cfg.lora.r} is larger than the model's hidden size "
+                         f"({cfg.model.hidden_size}); a rank above it adds parameters and no capacity")
+    if cfg.seq_len > cfg.model.max_position_embeddings:
+        raise ValueError(f"seq_len={cfg.seq_len} exceeds model.max_position_embeddings="
+                         f"{cfg.model.max_position_embeddings} of model={cfg.model.name}")
+
+
+def build_tokenizer(model_cfg: ModelConfig):
+    """The real Mistral v3 tokenizer, from the file shipped inside the mistral-common wheel.
+
+    Not LlamaTokenizer(vocab_file=...): in transformers 5 that silently yields a 3-token
+    vocabulary. MistralCommonBackend wraps mistral-common's own encoder and chat template.
+    """
+    from transformers.tokenization_mistral_common import MistralCommonBackend
+
+    path = Path(model_cfg.tokenizer)
+    if not path.is_absolute():
+        import mistral_common
+
+        path = Path(mistral_common.__file__).parent / "data" / model_cfg.tokenizer
+    if not path.is_file():
+        raise FileNotFoundError(f"model.tokenizer={model_cfg.tokenizer!r}: no such file ({path})")
+    # mode="finetuning" lets a conversation end with the assistant's turn (serving mode refuses it).
+    return MistralCommonBackend(tokenizer_path=str(path), mode="finetuning", padding_side="right")
+
+
+def mistral_config(model_cfg: ModelConfig):
+    from transformers import MistralConfig
+
+    return MistralConfig(
+        vocab_size=model_cfg.vocab_size,
+        hidden_size=model_cfg.hidden_size,
+        intermediate_size=model_cfg.intermediate_size,
+        num_hidden_layers=model_cfg.num_hidden_layers,
+        num_attention_heads=model_cfg.num_attention_heads,
+        num_key_value_heads=model_cfg.num_key_value_heads,
+        head_dim=model_cfg.head_dim,
+        max_position_embeddings=model_cfg.max_position_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": model_cfg.rope_theta},
+        rms_norm_eps=model_cfg.rms_norm_eps,
+        initializer_range=model_cfg.initializer_range,
+        sliding_window=None,  # v0.3 uses full attention
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=None,
+        use_cache=False,  # training: no KV cache
+    )
+
+
+def quantization_config(precision: Precision, double_quant: bool):
+    from transformers import BitsAndBytesConfig
+
+    if precision is Precision.nf4:
+        return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                  bnb_4bit_use_double_quant=double_quant,
+                                  bnb_4bit_compute_dtype=torch.bfloat16)
+    if precision is Precision.int8:
+        return BitsAndBytesConfig(load_in_8bit=True)
+    return None
+
+
+def build_model(cfg: Config, device: torch.device):
+    """Base model at the cell's precision on `device`. Returns (model, weights) where weights
+    says where the weights came from ("random_init" or the path)."""
+    from transformers import AutoModelForCausalLM, MistralForCausalLM
+
+    precision = cfg.precision.name
+    dtype = WEIGHT_DTYPE[precision]
+    quant = quantization_config(precision, cfg.precision.double_quant)
+    # device_map pins every weight to this cell's device (one full copy per rank under DDP).
+    device_map = {"": device}
+
+    if cfg.model.path:
+        from huggingface_hub import constants
+
+        local = Path(cfg.model.path).expanduser()
+        if not local.exists() and constants.HF_HUB_OFFLINE:
+            raise FileNotFoundError(f"model.path={cfg.model.path!r}: no such directory, and the hub is "
+                                    "off (HF_HUB_OFFLINE=1; set HF_HUB_OFFLINE=0 to download a hub id)")
+        model = AutoModelForCausalLM.from_pretrained(
+            str(local) if local.exists() else cfg.model.path,
+            dtype=dtype, quantization_config=quant, device_map=device_map,
+            attn_implementation=cfg.model.attn_implementation,
+            use_safetensors=True, trust_remote_code=False,
+        )
+        weights = cfg.model.path
+    else:
+        mcfg = mistral_config(cfg.model)
+        # Random weights are drawn directly on the device (no CPU round trip: 7.25B bf16 values
+        # take seconds on a GPU, minutes on a CPU).
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(mcfg, dtype=dtype,
+                                                     attn_implementation=cfg.model.attn_implementation)
+        if quant is not None:
+            # Hand the random bf16 tensors to transformers' loader as a state dict, so they are
+            # quantised exactly as a checkpoint would be. Peak device memory during the load:
+            # the bf16 copy (2 bytes/param, 14.5 GB for 7.25B) plus the quantised model.
+            state = model.state_dict()
+            del model
+            model = MistralForCausalLM.from_pretrained(
+                None, config=mcfg, state_dict=state, dtype=dtype, quantization_config=quant,
+                device_map=device_map, attn_implementation=cfg.model.attn_implementation)
+            del state
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        weights = "random_init"
+    model.config.use_cache = False
+    return model, weights
+
+
+def apply_lora(model, lora: LoraConfig, precision: Precision, gradient_checkpointing: bool):
+    """Freeze the base model and wrap it with LoRA adapters (PEFT)."""
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model, prepare_model_for_kbit_training
+
+    if precision in QUANTISED:
+        # The QLoRA recipe: norms and the output head in fp32, input grads on for checkpointing.
+        model = prepare_model_for_kbit_training(
+            model, use_gradient_checkpointing=gradient_checkpointing,
+            gradient_checkpointing_kwargs={"use_reentrant": False})
+    targets = lora.target_modules
+    peft_cfg = PeftLoraConfig(
+        r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, bias="none", task_type="CAUSAL_LM",
+        target_modules="all-linear" if list(targets) == ["all-linear"] else list(targets))
+    try:
+        # autocast_adapter_dtype (PEFT's default) keeps the adapters in fp32 under bf16/fp16 weights.
+        return get_peft_model(model, peft_cfg)
+    except ValueError as e:
+        if "not found in the base model" in str(e) or "Target modules" in str(e):
+            raise ValueError(f"lora.target_modules={list(targets)}: {e}") from e
+        raise
+
+
+def count_params(model) -> dict:
+    """Parameter counts that the FLOPs formula needs.
+
+    matmul: weights of every linear layer of the base model, output head included, embeddings
+    excluded (a lookup, not a matmul). Quantised layers store packed values, so they are counted
+    from their logical shapes. lora: the trainable adapter parameters.
+    """
+    import torch.nn as nn
+
+    base_matmul = lora = 0
+    for name, mod in model.named_modules():
+        if "lora_" in name:
+            continue
+        if isinstance(mod, nn.Linear):  # bitsandbytes' Linear4bit/Linear8bitLt subclass it
+            base_matmul += mod.in_features * mod.out_features
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            lora += p.numel()
+    return {"base_matmul": base_matmul, "trainable": lora}

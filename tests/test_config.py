@@ -1,0 +1,110 @@
+"""Every option of every group composes into the typed schema; bad values fail with Hydra's message."""
+
+import pytest
+import torch
+from conftest import CONF, compose_cfg
+from hydra.errors import ConfigCompositionException, MissingConfigException
+from omegaconf import OmegaConf
+from omegaconf.errors import ValidationError
+
+from lorabench.config import Config, Precision
+
+GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name != "experiment")
+OPTIONS = [(g, f.stem) for g in GROUPS for f in sorted((CONF / g).glob("*.yaml"))]
+EXPERIMENTS = sorted(f.stem for f in (CONF / "experiment").glob("*.yaml"))
+
+
+def test_groups_present():
+    assert {"model", "precision", "lora", "optimizer", "data", "gpu", "logger"} <= set(GROUPS)
+    assert {"nf4", "int8", "bf16", "fp16", "fp32"} == {o for g, o in OPTIONS if g == "precision"}
+    assert {"paged_adamw_8bit", "adamw_torch", "adamw_torch_fused", "adamw_8bit", "adafactor"} == {
+        o for g, o in OPTIONS if g == "optimizer"}
+
+
+@pytest.mark.parametrize("group,option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
+def test_every_option_composes_into_schema(group, option):
+    cfg = compose_cfg([f"{group}={option}"])
+    obj = OmegaConf.to_object(cfg)  # builds the dataclasses and runs their range checks
+    assert isinstance(obj, Config)
+    assert OmegaConf.get_type(cfg, group) is type(getattr(obj, group))
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_every_experiment_composes(name):
+    obj = OmegaConf.to_object(compose_cfg([f"+experiment={name}"]))
+    assert obj.model.name == "mistral-7b-v0.3" and obj.precision.name is Precision.nf4
+    assert obj.optimizer.name.value == "paged_adamw_8bit" and obj.train.gradient_checkpointing
+
+
+def test_seed_experiments_are_the_seeds_cells():
+    base = OmegaConf.to_object(compose_cfg(["+experiment=seed_baseline"]))
+    best = OmegaConf.to_object(compose_cfg(["+experiment=seed_optimum"]))
+    assert (base.seq_len, base.batch, best.seq_len, best.batch) == (1024, 4, 512, 8)
+    assert base.lora.r == 16 and base.lora.target_modules == ["q_proj", "k_proj", "v_proj", "o_proj"]
+    assert base.optimizer.lr == best.optimizer.lr == 2e-4
+
+
+def test_any_integer_shape_reachable():
+    cfg = OmegaConf.to_object(compose_cfg(["seq_len=768", "batch=6"]))
+    assert (cfg.seq_len, cfg.batch) == (768, 6)
+
+
+@pytest.mark.parametrize("override,message", [
+    ("batch=foo", "could not be converted to Integer"),
+    ("seq_len=1.5", "could not be converted to Integer"),
+    ("sequence_len=512", "sequence_len"),  # a typo in a key
+    ("lora.rank=8", "rank"),
+    ("precision.name=int4", "Invalid value 'int4'"),
+    ("train.gradient_checkpointing=maybe", "gradient_checkpointing"),
+])
+def test_bad_override_fails_at_composition(override, message):
+    with pytest.raises((ConfigCompositionException, ValidationError)) as e:
+        compose_cfg([override])
+    assert message in str(e.value) + str(e.value.__cause__)
+
+
+def test_unknown_group_option_lists_the_valid_ones():
+    with pytest.raises(MissingConfigException) as e:
+        compose_cfg(["precision=int4"])
+    assert "nf4" in str(e.value) and "fp32" in str(e.value)
+
+
+@pytest.mark.parametrize("override,message", [
+    ("seq_len=0", "seq_len must be > 0"),
+    ("batch=-2", "batch must be > 0"),
+    ("lora.r=0", "lora.r must be > 0"),
+    ("lora.dropout=1.0", "lora.dropout"),
+    ("train.timing_warmup_steps=100", "no step would be timed"),
+    ("model.num_key_value_heads=3", "multiple"),
+    ("gpu.price_per_hour=-1", "gpu.price_per_hour must be >= 0"),
+])
+def test_range_checks_name_the_value(override, message):
+    with pytest.raises(ValueError, match=message):
+        OmegaConf.to_object(compose_cfg([override]))
+
+
+def test_tiny_model_has_a_few_million_parameters():
+    from transformers import AutoModelForCausalLM
+
+    from lorabench.modeling import mistral_config
+
+    cfg = OmegaConf.to_object(compose_cfg())
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(mistral_config(cfg.model))
+    n = sum(p.numel() for p in model.parameters())
+    assert 2e6 < n < 20e6, n
+
+
+def test_mistral_7b_architecture_matches_v0_3():
+    from transformers import AutoModelForCausalLM
+
+    from lorabench.modeling import mistral_config
+
+    m = OmegaConf.to_object(compose_cfg(["model=mistral-7b-v0.3"])).model
+    hf = mistral_config(m)
+    assert (hf.num_hidden_layers, hf.hidden_size, hf.num_attention_heads, hf.num_key_value_heads,
+            hf.intermediate_size, hf.vocab_size, hf.rope_parameters["rope_theta"]) == (32, 4096, 32, 8, 14336, 32768, 1e6)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf)
+    # Mistral-7B-v0.3's published parameter count: 7,248,023,552.
+    assert sum(p.numel() for p in model.parameters()) == 7_248_023_552

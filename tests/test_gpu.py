@@ -1,0 +1,34 @@
+"""On a CUDA GPU: the quantised path (bitsandbytes nf4 / int8, paged optimizer) and GPU metrics.
+Skipped without CUDA."""
+
+import pytest
+from conftest import FAST, read_result, read_steps, requires_cuda, run_in_process
+
+pytestmark = [pytest.mark.gpu, requires_cuda]
+
+
+@pytest.mark.parametrize("precision,optimizer", [("nf4", "paged_adamw_8bit"), ("int8", "adamw_8bit"),
+                                                 ("bf16", "adamw_torch_fused"), ("fp16", "adamw_torch")])
+def test_quantised_and_half_precision_cells_run(tmp_path, precision, optimizer):
+    result = run_in_process([f"precision={precision}", f"optimizer={optimizer}", "train.gradient_checkpointing=true",
+                             *FAST], tmp_path)
+    assert result["status"] == "ok", result.get("error")
+    m = read_result(tmp_path)["metrics"]
+    assert m["mem/peak_allocated_gib"] > 0 and m["mem/peak_reserved_gib"] >= m["mem/peak_allocated_gib"]
+    assert m["gpu/nvml_samples"] >= 1 and m["gpu/power_mean_w"] > 0
+    assert m["perf/mfu_pct"] > 0 and m["perf/tokens_per_s"] > 0
+    assert all(s["loss"] == s["loss"] for s in read_steps(tmp_path))  # no NaN
+
+
+def test_nf4_layers_are_4bit(tmp_path):
+    import bitsandbytes as bnb
+    import torch
+    from omegaconf import OmegaConf
+
+    from conftest import compose_cfg
+    from lorabench.modeling import build_model
+
+    cfg = OmegaConf.to_object(compose_cfg(["precision=nf4"]))
+    model, weights = build_model(cfg, torch.device("cuda", 0))
+    q = model.model.layers[0].self_attn.q_proj
+    assert isinstance(q, bnb.nn.Linear4bit) and q.weight.quant_type == "nf4" and weights == "random_init"

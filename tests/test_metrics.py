@@ -1,0 +1,88 @@
+"""The arithmetic behind every reported figure, on hand-made step records."""
+
+import numpy as np
+import pytest
+
+from lorabench.config import GpuConfig, Pricing
+from lorabench.metrics import percentile, resolve_gpu, summarize
+
+PARAMS = {"base_matmul": 1_000_000, "trainable": 10_000}
+ARCH = {"layers": 2, "heads": 4, "head_dim": 32}
+
+
+def steps(n_warm, n_timed, nonpad=900, total=1000, samples=4, time_s=0.5, sq=300_000):
+    recs = []
+    for i in range(n_warm + n_timed):
+        recs.append({"step": i + 1, "timed": i >= n_warm, "time_s": time_s if i >= n_warm else 9.0,
+                     "tokens_nonpad": nonpad, "tokens_total": total, "tokens_label": nonpad // 2,
+                     "samples": samples, "sum_len_sq": sq, "loss": 10.0 - i})
+    return recs
+
+
+def test_throughput_counts_only_the_timed_window():
+    gpu = GpuConfig(name="x", peak_bf16_tflops=100.0, price_per_hour=0.60)
+    m = summarize(steps(3, 10), window_s=5.0, params=PARAMS, arch=ARCH, gpu=gpu)
+    assert m["count/timed_steps"] == 10 and m["count/tokens_nonpad"] == 9000
+    assert m["perf/tokens_per_s"] == pytest.approx(9000 / 5.0)
+    assert m["perf/total_tokens_per_s"] == pytest.approx(10000 / 5.0)
+    assert m["perf/samples_per_s"] == pytest.approx(40 / 5.0)
+    assert m["data/pad_fraction"] == pytest.approx(0.1)
+    assert m["perf/step_time_p50_s"] == 0.5  # the 9 s warmup steps are not in it
+    assert m["train/loss_first"] == 10.0 and m["train/loss_final"] == -2.0
+
+
+def test_mfu_formula():
+    gpu = GpuConfig(name="x", peak_bf16_tflops=100.0)
+    m = summarize(steps(0, 2), window_s=1.0, params=PARAMS, arch=ARCH, gpu=gpu)
+    # (4 * 1e6 + 6 * 1e4) FLOPs per non-pad token, plus 12 * L * H * head_dim * sum(l^2) for attention
+    flops = (4 * 1_000_000 + 6 * 10_000) * 1800 + 12 * 2 * 4 * 32 * 600_000
+    assert m["perf/model_tflops"] == pytest.approx(flops / 1e12)
+    assert m["perf/mfu_pct"] == pytest.approx(100 * flops / 100e12)
+    assert summarize(steps(0, 2), 1.0, PARAMS, ARCH, GpuConfig(name="cpu"))["perf/mfu_pct"] is None
+
+
+def test_cost_reproduces_the_seeds_figure():
+    # The seed: 1.46 samples/s on an A10 at $0.60/h -> $0.114 per 1K samples.
+    gpu = GpuConfig(name="a10", price_per_hour=0.60, spot_price_per_hour=0.18)
+    recs = steps(0, 1, samples=146, nonpad=146 * 512, total=146 * 512)
+    m = summarize(recs, window_s=100.0, params=PARAMS, arch=ARCH, gpu=gpu)
+    assert m["cost/usd_per_1k_samples"] == pytest.approx(0.114, abs=5e-4)
+    assert m["cost/usd_per_1m_tokens"] == pytest.approx(0.60 / 3600 / (146 * 512 / 100) * 1e6)
+    gpu.pricing = Pricing.spot
+    spot = summarize(recs, 100.0, PARAMS, ARCH, gpu)
+    assert spot["cost/usd_per_1k_samples"] == pytest.approx(m["cost/usd_per_1k_samples"] * 0.18 / 0.60)
+
+
+def test_no_price_means_no_cost_rather_than_zero():
+    m = summarize(steps(0, 2), 1.0, PARAMS, ARCH, GpuConfig(name="unknown"))
+    assert "cost/usd_per_1k_samples" not in m
+
+
+def test_no_timed_step_is_an_error():
+    with pytest.raises(RuntimeError, match="no timed step"):
+        summarize(steps(3, 0), 1.0, PARAMS, ARCH, GpuConfig(name="x"))
+
+
+@pytest.mark.parametrize("q", [0, 10, 50, 90, 100])
+def test_percentile_matches_numpy(q):
+    xs = list(np.random.default_rng(q).random(37))
+    assert percentile(xs, q) == pytest.approx(np.percentile(xs, q))
+
+
+@pytest.mark.parametrize("device_name,expected", [
+    ("NVIDIA A10", "a10"), ("NVIDIA A100-SXM4-80GB", "a100"), ("NVIDIA H100 80GB HBM3", "h100"),
+    ("NVIDIA H200", "h200"), ("cpu", "cpu"), ("NVIDIA GeForce RTX 5090", "NVIDIA GeForce RTX 5090"),
+])
+def test_auto_gpu_is_found_in_the_price_table(device_name, expected):
+    spec = resolve_gpu(GpuConfig(name="auto"), device_name)
+    assert spec.name == expected
+    if expected == "a10":
+        assert (spec.price_per_hour, spec.spot_price_per_hour, spec.peak_bf16_tflops) == (0.60, 0.18, 125.0)
+    if expected.startswith("NVIDIA"):  # not in the table: no price, no peak, never a made-up figure
+        assert spec.price_per_hour is None and spec.peak_bf16_tflops is None
+
+
+def test_command_line_price_wins_over_the_table():
+    spec = resolve_gpu(GpuConfig(name="auto", price_per_hour=2.49, pricing=Pricing.spot), "NVIDIA H100 80GB HBM3")
+    assert spec.name == "h100" and spec.price_per_hour == 2.49 and spec.peak_bf16_tflops == 989.0
+    assert spec.pricing is Pricing.spot

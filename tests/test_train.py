@@ -1,0 +1,170 @@
+"""End to end on the CPU with the tiny Mistral: the default task learns, results hold the right
+numbers, the card's multirun leaves one result per cell, and failed cells are recorded."""
+
+import math
+
+import pytest
+import torch
+from conftest import FAST, read_result, read_steps, run_cli, run_in_process
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory):
+    """`python train.py` exactly as README's first command runs it (only the run dir is moved)."""
+    run_dir = tmp_path_factory.mktemp("default")
+    proc = run_cli("train.py", [f"hydra.run.dir={run_dir}"])
+    return run_dir, proc
+
+
+def test_default_task_loss_falls_well_below_its_start(default_run):
+    run_dir, _ = default_run
+    losses = [s["loss"] for s in read_steps(run_dir)]
+    first, last = sum(losses[:3]) / 3, sum(losses[-5:]) / 5
+    assert first > 9.0  # near ln(32768) = 10.4: the model starts knowing nothing
+    assert last < 0.5 * first, (first, last)
+
+
+def test_result_file_holds_consistent_numbers(default_run):
+    run_dir, proc = default_run
+    r, steps = read_result(run_dir), read_steps(run_dir)
+    cfg = r["config"]
+    assert r["status"] == "ok" and r["model"]["weights"] == "random_init"
+    assert len(steps) == cfg["train"]["max_steps"] and [s["step"] for s in steps] == list(range(1, len(steps) + 1))
+    timed = [s for s in steps if s["timed"]]
+    warm = cfg["train"]["timing_warmup_steps"]
+    assert len(timed) == len(steps) - warm and all(not s["timed"] for s in steps[:warm])
+    m = r["metrics"]
+    assert m["count/tokens_nonpad"] == sum(s["tokens_nonpad"] for s in timed)
+    assert m["count/samples"] == cfg["batch"] * len(timed)
+    assert m["perf/tokens_per_s"] == pytest.approx(m["count/tokens_nonpad"] / m["time/window_s"])
+    # Step times of the window add up to the window (each step is the time since the previous end).
+    assert sum(s["time_s"] for s in timed) == pytest.approx(m["time/window_s"], rel=1e-6)
+    assert m["perf/step_time_p50_s"] <= m["perf/step_time_p90_s"]
+    assert 0 < m["data/pad_fraction"] < 0.5  # tiny_instruct pads each batch to its longest sample
+    assert m["perf/tokens_per_s"] < m["perf/total_tokens_per_s"]
+    assert m["train/loss_final"] == steps[-1]["loss"]
+    assert r["gpu"]["name"] == "cpu" and m["cost/usd_per_1k_samples"] > 0
+    assert m["perf/mfu_pct"] is None  # no CPU peak to divide by
+    env = r["env"]
+    assert env["versions"]["torch"] == torch.__version__ and env["versions"]["transformers"]
+    assert "sha" in env["git"] and env["device"] == "cpu"
+    assert (run_dir / ".hydra" / "config.yaml").is_file()
+    assert "tok/s non-pad" in proc.stderr  # the printed summary table
+
+
+def test_card_multirun_leaves_one_result_per_cell(tmp_path):
+    # The card's command, verbatim, plus only what makes it quick.
+    run_cli("train.py", ["-m", "seq_len=512,1024", "batch=4,8", *FAST, f"hydra.sweep.dir={tmp_path}"])
+    cells = {}
+    for cell_dir in sorted(p for p in tmp_path.iterdir() if p.is_dir()):
+        r, steps = read_result(cell_dir), read_steps(cell_dir)
+        assert r["status"] == "ok"
+        cfg = r["config"]
+        assert all(s["samples"] == cfg["batch"] for s in steps)
+        assert {f"batch={cfg['batch']}", f"seq_len={cfg['seq_len']}"} <= set(r["cell"].split(","))
+        cells[(cfg["seq_len"], cfg["batch"])] = r
+    assert set(cells) == {(512, 4), (512, 8), (1024, 4), (1024, 8)}
+    table = (tmp_path / "results.md").read_text()
+    assert table.count("| ok |") == 4 and "samples/s is not comparable" in table
+    assert len((tmp_path / "results.csv").read_text().splitlines()) == 5
+
+
+def test_synthetic_tokens_count_exactly(tmp_path):
+    run_cli("train.py", ["-m", "data=synthetic", "seq_len=24,40", "batch=3", *FAST, f"hydra.sweep.dir={tmp_path}"])
+    for cell_dir in (tmp_path / "0", tmp_path / "1"):
+        r, steps = read_result(cell_dir), read_steps(cell_dir)
+        seq_len, batch = r["config"]["seq_len"], r["config"]["batch"]
+        # synthetic rows are exactly seq_len tokens and every one is trained on: no padding
+        assert all(s["tokens_nonpad"] == s["tokens_total"] == s["tokens_label"] == seq_len * batch for s in steps)
+        m = r["metrics"]
+        assert m["data/pad_fraction"] == 0
+        assert m["perf/tokens_per_s"] == pytest.approx(m["perf/samples_per_s"] * seq_len)
+
+
+def test_failed_cell_is_recorded_and_the_others_finish(tmp_path):
+    # Cell 1 names a module the model does not have: it fails after the model is built.
+    proc = run_cli("train.py", ["-m", "lora.target_modules=[q_proj],[nope_proj],[v_proj]", *FAST,
+                                f"hydra.sweep.dir={tmp_path}"])
+    assert proc.returncode == 0  # the sweep itself succeeds
+    results = [read_result(tmp_path / str(i)) for i in range(3)]
+    assert [r["status"] for r in results] == ["ok", "failed", "ok"]
+    assert "nope_proj" in results[1]["error"] and "lora.target_modules" in results[1]["error"]
+    assert "Traceback" in (tmp_path / "1" / "error.txt").read_text()
+    assert all(math.isfinite(r["metrics"]["perf/tokens_per_s"]) for r in (results[0], results[2]))
+    table = (tmp_path / "results.md").read_text()
+    assert "failed: ValueError: lora.target_modules=['nope_proj']" in table
+
+
+def test_bench_report_on_a_partial_sweep(tmp_path):
+    run_cli("train.py", ["-m", "batch=2,3", *FAST, f"hydra.sweep.dir={tmp_path}"])
+    (tmp_path / "1" / "metrics.json").unlink()  # as if cell 1 had been killed mid-run
+    (tmp_path / "results.md").unlink()
+    proc = run_cli("bench.py", ["suite=report", f"sweep_dir={tmp_path}"])
+    md = (tmp_path / "results.md").read_text()
+    assert md.count("| ok |") == 1 and "No result (incomplete): 1" in md and "batch=2" in proc.stdout
+
+
+@pytest.mark.parametrize("override,message", [
+    ("precision=nf4", "needs a CUDA GPU"),
+    ("precision=int8", "needs a CUDA GPU"),
+    ("precision=fp16", "needs a CUDA GPU"),
+    ("optimizer=paged_adamw_8bit", "bitsandbytes CUDA optimizer"),
+    ("seq_len=5000", "max_position_embeddings"),
+    ("lora.r=256", "larger than the model's hidden size"),
+    ("seq_len=0", "seq_len must be > 0"),
+    ("train.device=cuda", "sees no CUDA device"),
+])
+def test_impossible_cell_fails_before_the_model_is_built(tmp_path, override, message):
+    if override == "train.device=cuda" and torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    result = run_in_process([override, *FAST], tmp_path)
+    assert result["status"] == "failed" and message in result["error"] and "model" not in result
+    assert read_result(tmp_path)["error"] == result["error"]
+    assert not (tmp_path / "steps.jsonl").exists()
+
+
+def test_out_of_memory_is_recorded_as_oom(tmp_path, monkeypatch):
+    """With the model builder made to raise what CUDA raises when memory runs out."""
+    from lorabench import modeling
+
+    def oom(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(modeling, "build_model", oom)
+    result = run_in_process(FAST, tmp_path)
+    assert result["status"] == "oom" and "Tried to allocate 2.00 GiB" in result["error"]
+    assert read_result(tmp_path)["status"] == "oom"
+
+
+def test_wandb_offline_run_per_cell(tmp_path):
+    pytest.importorskip("wandb")
+    run_cli("train.py", ["logger=wandb", *FAST, f"hydra.run.dir={tmp_path}"],
+            env={"WANDB_MODE": "offline", "WANDB_SILENT": "true"})
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and read_result(tmp_path)["status"] == "ok"
+
+
+@pytest.mark.parametrize("overrides", [
+    ["precision=bf16"], ["optimizer=adafactor"], ["optimizer=adamw_torch_fused"], ["lora=r8"], ["lora=all_linear"],
+    ["train.gradient_checkpointing=true"], ["train.grad_accum=2"], ["optimizer.schedule=cosine", "optimizer.warmup_steps=2"],
+    ["data.padding=max_length", "seq_len=48"], ["gpu=a10", "gpu.pricing=spot"], ["data.num_workers=1"],
+], ids=lambda o: ",".join(o))
+def test_every_cpu_option_trains(tmp_path, overrides):
+    result = run_in_process([*overrides, *FAST], tmp_path)
+    assert result["status"] == "ok", result.get("error")
+    m, cfg = result["metrics"], result["config"]
+    assert math.isfinite(m["train/loss_final"]) and m["perf/tokens_per_s"] > 0
+    assert m["count/samples"] == cfg["batch"] * cfg["train"]["grad_accum"] * m["count/timed_steps"]
+    # LoRA adds r * (in + out) per adapted layer. Tiny: hidden 128, kv 2 x 32 = 64, MLP 384, 2 layers.
+    qkvo = 2 * 16 * ((128 + 128) + (128 + 64) * 2 + (128 + 128))
+    mlp = 2 * 16 * (128 + 384) * 3
+    if "lora=all_linear" in overrides:
+        assert result["model"]["trainable"] == qkvo + mlp
+    elif "lora=r8" in overrides:
+        assert result["model"]["trainable"] == qkvo // 2
+    else:
+        assert result["model"]["trainable"] == qkvo
+    if "gpu=a10" in overrides:
+        assert result["gpu"]["name"] == "a10" and m["cost/usd_per_hour"] == 0.18
+    if "data.padding=max_length" in overrides:
+        assert m["count/tokens_total"] == 48 * m["count/samples"]
