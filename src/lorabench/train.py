@@ -7,6 +7,7 @@ cell (Hydra skips its end-of-sweep callbacks if any cell raises).
 
 from __future__ import annotations
 
+import gc
 import logging
 import resource
 import sys
@@ -141,6 +142,11 @@ def run_cell(cfg: DictConfig) -> dict:
         except Exception as e:  # a logger must never turn a measured cell into a lost one
             log.warning("logger failed to finish: %s", e)
         print(f"\n{markdown_table([result])}\nresult: {run_dir / 'metrics.json'}", file=sys.stderr)
+        # The next cell of a multirun runs in this process: give its memory back now.
+        logger = meter = None
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
     return result
 
 
