@@ -123,6 +123,9 @@ class StepMeter(TrainerCallback):
                                      "instead of training on garbage")
 
     def on_train_end(self, args, state, control, **kwargs):
+        self.close()
+
+    def close(self) -> None:
         if self.sampler:
             self.sampler.stop()
         self._file.close()
@@ -175,7 +178,7 @@ class NvmlSampler:
         self._thread.start()
 
     def stop(self) -> None:
-        if self._thread:
+        if self._thread and not self._stop.is_set():
             self._stop.set()
             self._thread.join()
             self._energy1 = self._energy_mj()

@@ -43,8 +43,8 @@ def run_cell(cfg: DictConfig) -> dict:
     run_dir = Path(hc.runtime.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     result = {"status": "running", "cell": cell_name(), "job_num": hc.job.num if hc.mode == RunMode.MULTIRUN else 0,
-              "run_dir": str(run_dir), "config": OmegaConf.to_container(cfg, resolve=True)}
-    logger, device, meter = NullLogger(), None, None
+              "run_dir": str(run_dir), "config": OmegaConf.to_container(cfg, resolve=True), "metrics": {}}
+    logger, device = NullLogger(), None
     t_start = time.perf_counter()
     try:
         # Range checks (__post_init__) run here; type errors were already caught at composition.
@@ -55,70 +55,10 @@ def run_cell(cfg: DictConfig) -> dict:
         result["gpu"] = {"name": gpu.name, "price_per_hour": gpu.price_per_hour,
                          "spot_price_per_hour": gpu.spot_price_per_hour, "pricing": gpu.pricing.value,
                          "peak_bf16_tflops": gpu.peak_bf16_tflops}
-        torch.manual_seed(c.train.seed)
-
-        # ---- data: built before the model, so bad input fails in seconds, not after a 7B load
-        tokenizer = modeling.build_tokenizer(c.model)
-        dataset = data.build_dataset(c, tokenizer)
-        log.info("data: %s, %d samples, seq_len %d", c.data.kind.value, len(dataset), c.seq_len)
-
-        # ---- model: base weights at the cell's precision, then LoRA adapters
-        t0 = time.perf_counter()
-        model, weights = modeling.build_model(c, device)
-        model = modeling.apply_lora(model, c.lora, c.precision.name, c.train.gradient_checkpointing)
-        load_s = time.perf_counter() - t0
-        params = modeling.count_params(model)
-        result["model"] = {"name": c.model.name, "weights": weights, "load_s": load_s, **params}
-        log.info("model %s (%s) at %s on %s in %.1f s: %.1fM matmul params, %.2fM trainable",
-                 c.model.name, weights, c.precision.name.value, device, load_s,
-                 params["base_matmul"] / 1e6, params["trainable"] / 1e6)
-
-        logger = build_logger(c.logger, name=result["cell"], group=str(Path(hc.sweep.dir).name),
+        logger = build_logger(c.logger, name=result["cell"], group=Path(hc.sweep.dir).name,
                               config=result["config"], run_dir=str(run_dir))
-        sampler = NvmlSampler(device) if device.type == "cuda" else None
-        meter = StepMeter(device, c.train.timing_warmup_steps, run_dir / "steps.jsonl", sampler, logger.log_step)
-
-        # ---- training: HF Trainer runs the seed's recipe; the meter times it
-        p = c.precision.name
-        args = TrainingArguments(
-            output_dir=str(run_dir / "trainer"),
-            per_device_train_batch_size=c.batch,
-            gradient_accumulation_steps=c.train.grad_accum,
-            max_steps=c.train.max_steps,
-            learning_rate=c.optimizer.lr,
-            lr_scheduler_type=c.optimizer.schedule.value,
-            warmup_steps=c.optimizer.warmup_steps,
-            weight_decay=c.optimizer.weight_decay,
-            max_grad_norm=c.optimizer.max_grad_norm,
-            optim=c.optimizer.name.value,
-            bf16=p in (Precision.bf16, Precision.nf4, Precision.int8),
-            fp16=p is Precision.fp16,
-            gradient_checkpointing=c.train.gradient_checkpointing,
-            gradient_checkpointing_kwargs={"use_reentrant": False},
-            use_cpu=device.type == "cpu",
-            seed=c.train.seed,
-            dataloader_num_workers=c.data.num_workers,
-            dataloader_pin_memory=c.data.pin_memory and device.type == "cuda",
-            remove_unused_columns=False,
-            logging_steps=1,  # a loss per step; the .item() it costs is inside the step's time
-            logging_nan_inf_filter=False,  # a NaN loss must show, not be averaged away
-            save_strategy="no",
-            report_to="none",
-            disable_tqdm=True,
-        )
-        trainer = MeasuredTrainer(model=model, args=args, train_dataset=dataset,
-                                  data_collator=data.build_collator(c, tokenizer),
-                                  callbacks=[meter, ProgressBar(c.train.max_steps, meter)], meter=meter)
-        trainer.remove_callback(PrinterCallback)  # it prints every log dict; the bar shows them
-        trainer.train()
-
-        arch = {"layers": model.config.num_hidden_layers, "heads": model.config.num_attention_heads,
-                "head_dim": model.config.head_dim}
-        metrics = summarize(meter.steps, meter.window_s, params, arch, gpu)
-        metrics.update(memory_stats(device))
-        if sampler:
-            metrics.update(sampler.summary())
-        result.update(status="ok", metrics=metrics)
+        result["metrics"] = train_and_measure(c, device, gpu, run_dir, result, logger)
+        result["status"] = "ok"
     except torch.OutOfMemoryError as e:
         result.update(status="oom", error=str(e).splitlines()[0])
     except Exception as e:
@@ -129,10 +69,11 @@ def run_cell(cfg: DictConfig) -> dict:
         if result["status"] == "running":  # KeyboardInterrupt or SystemExit passing through
             result.update(status="interrupted", error="interrupted before the cell finished")
         if result["status"] != "ok":
-            # What was measured before the failure still tells the user something (e.g. the
-            # memory in use when an OOM hit).
-            result.setdefault("metrics", {}).update(memory_stats(device) if device is not None else {})
-            result["metrics"]["count/steps_done"] = len(meter.steps) if meter else 0
+            # What was measured before the failure still tells something, e.g. the memory in
+            # use when an OOM hit, and how far the cell got.
+            result["metrics"].update(memory_stats(device) if device is not None else {})
+            steps = run_dir / "steps.jsonl"
+            result["metrics"]["count/steps_done"] = len(steps.read_text().splitlines()) if steps.exists() else 0
         result["metrics"]["host/peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
         result["time/total_s"] = time.perf_counter() - t_start
         result["env"] = env_info(device)
@@ -142,12 +83,80 @@ def run_cell(cfg: DictConfig) -> dict:
         except Exception as e:  # a logger must never turn a measured cell into a lost one
             log.warning("logger failed to finish: %s", e)
         print(f"\n{markdown_table([result])}\nresult: {run_dir / 'metrics.json'}", file=sys.stderr)
-        # The next cell of a multirun runs in this process: give its memory back now.
-        logger = meter = None
+        # The next cell of a multirun runs in this process; the model died with
+        # train_and_measure's frame, so its memory can go back now.
         gc.collect()
-        if torch.cuda.is_available():
+        if device is not None and device.type == "cuda":
             torch.cuda.empty_cache()
     return result
+
+
+def train_and_measure(c: Config, device: torch.device, gpu, run_dir: Path, result: dict, logger) -> dict:
+    """Data, model and timed training for one cell; returns its metrics."""
+    torch.manual_seed(c.train.seed)
+
+    # ---- data: built before the model, so bad input fails in seconds, not after a 7B load
+    tokenizer = modeling.build_tokenizer(c.model)
+    dataset = data.build_dataset(c, tokenizer)
+    log.info("data: %s, %d samples, seq_len %d", c.data.kind.value, len(dataset), c.seq_len)
+
+    # ---- model: base weights at the cell's precision, then LoRA adapters
+    t0 = time.perf_counter()
+    model, weights = modeling.build_model(c, device)
+    model = modeling.apply_lora(model, c.lora, c.precision.name, c.train.gradient_checkpointing)
+    load_s = time.perf_counter() - t0
+    params = modeling.count_params(model)
+    result["model"] = {"name": c.model.name, "weights": weights, "load_s": load_s, **params}
+    log.info("model %s (%s) at %s on %s in %.1f s: %.1fM matmul params, %.2fM trainable",
+             c.model.name, weights, c.precision.name.value, device, load_s,
+             params["base_matmul"] / 1e6, params["trainable"] / 1e6)
+
+    # ---- training: HF Trainer runs the seed's recipe; the meter times it
+    sampler = NvmlSampler(device) if device.type == "cuda" else None
+    meter = StepMeter(device, c.train.timing_warmup_steps, run_dir / "steps.jsonl", sampler, logger.log_step)
+    p = c.precision.name
+    args = TrainingArguments(
+        output_dir=str(run_dir / "trainer"),
+        per_device_train_batch_size=c.batch,
+        gradient_accumulation_steps=c.train.grad_accum,
+        max_steps=c.train.max_steps,
+        learning_rate=c.optimizer.lr,
+        lr_scheduler_type=c.optimizer.schedule.value,
+        warmup_steps=c.optimizer.warmup_steps,
+        weight_decay=c.optimizer.weight_decay,
+        max_grad_norm=c.optimizer.max_grad_norm,
+        optim=c.optimizer.name.value,
+        bf16=p in (Precision.bf16, Precision.nf4, Precision.int8),
+        fp16=p is Precision.fp16,
+        gradient_checkpointing=c.train.gradient_checkpointing,
+        gradient_checkpointing_kwargs={"use_reentrant": False},
+        use_cpu=device.type == "cpu",
+        seed=c.train.seed,
+        dataloader_num_workers=c.data.num_workers,
+        dataloader_pin_memory=c.data.pin_memory and device.type == "cuda",
+        remove_unused_columns=False,
+        logging_steps=1,  # a loss per step; the .item() it costs is inside the step's time
+        logging_nan_inf_filter=False,  # a NaN loss must show, not be averaged away
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+    )
+    trainer = MeasuredTrainer(model=model, args=args, train_dataset=dataset,
+                              data_collator=data.build_collator(c, tokenizer),
+                              callbacks=[meter, ProgressBar(c.train.max_steps, meter)], meter=meter)
+    trainer.remove_callback(PrinterCallback)  # it prints every log dict; the bar shows them
+    try:
+        trainer.train()
+    finally:
+        meter.close()  # stops the NVML thread and closes steps.jsonl, also after an OOM
+
+    arch = {"layers": model.config.num_hidden_layers, "heads": model.config.num_attention_heads,
+            "head_dim": model.config.head_dim}
+    metrics = summarize(meter.steps, meter.window_s, params, arch, gpu)
+    metrics.update(memory_stats(device))
+    if sampler:
+        metrics.update(sampler.summary())
+    return metrics
 
 
 class ProgressBar(TrainerCallback):
