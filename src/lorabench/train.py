@@ -7,6 +7,7 @@ cell (Hydra skips its end-of-sweep callbacks if any cell raises).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import resource
@@ -149,6 +150,8 @@ def train_and_measure(c: Config, device: torch.device, gpu, run_dir: Path, resul
         trainer.train()
     finally:
         meter.close()  # stops the NVML thread and closes steps.jsonl, also after an OOM
+        with contextlib.suppress(OSError):
+            (run_dir / "trainer").rmdir()  # the Trainer's output_dir: nothing is saved there yet
 
     arch = {"layers": model.config.num_hidden_layers, "heads": model.config.num_attention_heads,
             "head_dim": model.config.head_dim}
