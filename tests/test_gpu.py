@@ -32,3 +32,16 @@ def test_nf4_layers_are_4bit(tmp_path):
     model, weights = build_model(cfg, torch.device("cuda", 0))
     q = model.model.layers[0].self_attn.q_proj
     assert isinstance(q, bnb.nn.Linear4bit) and q.weight.quant_type == "nf4" and weights == "random_init"
+
+
+def test_consecutive_cells_do_not_accumulate_memory(tmp_path):
+    """Cells of a multirun share a process: each must give back all its device memory, or later
+    cells' peaks would include earlier cells' leftovers."""
+    import torch
+
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_allocated()
+    for i in range(2):
+        r = run_in_process(["precision=nf4", "optimizer=paged_adamw_8bit", *FAST], tmp_path / str(i))
+        assert r["status"] == "ok", r.get("error")
+        assert torch.cuda.memory_allocated() - before < 1 * 2**20, f"cell {i} left memory allocated"

@@ -168,3 +168,14 @@ def test_every_cpu_option_trains(tmp_path, overrides):
         assert result["gpu"]["name"] == "a10" and m["cost/usd_per_hour"] == 0.18
     if "data.padding=max_length" in overrides:
         assert m["count/tokens_total"] == 48 * m["count/samples"]
+
+
+def test_a_cell_leaves_nothing_registered_for_the_next(tmp_path):
+    """bitsandbytes' process-wide optimizer manager must not keep a finished cell's modules alive
+    (the HF Trainer registers embeddings there for 8-bit optimizers)."""
+    import bitsandbytes as bnb
+
+    manager = bnb.optim.GlobalOptimManager.get_instance()
+    manager.register_module_override(torch.nn.Embedding(4, 4), "weight", {"optim_bits": 32})
+    assert run_in_process(FAST, tmp_path)["status"] == "ok"
+    assert manager.module_weight_config_triple == [] and manager.pid2config == {}
