@@ -200,23 +200,21 @@ def device_name(device: torch.device) -> str:
 
 
 def resolve_gpu(gpu: GpuConfig, device_name: str) -> GpuConfig:
-    """gpu=auto: the conf/gpu option whose `match` fits this device name; fields set on the command
-    line (e.g. gpu.price_per_hour=2.49) still win. Another option is returned as given."""
+    """gpu=auto: the conf/gpu option whose `match` fits this device name, with any field set on the
+    command line (e.g. gpu.price_per_hour=2.49) on top. A device not in the table keeps its own name
+    and no price or peak: cost and MFU are then left out, never guessed. Another option than auto
+    is returned as given."""
     if gpu.name != "auto":
         return gpu
+    spec = {"name": device_name}
     for path in sorted((CONF_DIR / "gpu").glob("*.yaml")):
-        if path.stem == "auto":
-            continue
-        raw = OmegaConf.load(path)
-        raw.pop("defaults", None)
-        spec: GpuConfig = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(GpuConfig), raw))
-        if any(re.search(p, device_name) for p in spec.match):
-            overrides = {k: v for k, v in asdict(gpu).items()
-                         if k not in ("name", "match", "pricing") and v is not None}
-            overrides["pricing"] = gpu.pricing
-            return GpuConfig(**{**asdict(spec), **overrides})
-    return GpuConfig(name=device_name, pricing=gpu.pricing, **{k: v for k, v in asdict(gpu).items()
-                                                                 if k not in ("name", "pricing")})
+        option = OmegaConf.load(path)
+        option.pop("defaults", None)
+        if any(re.search(pattern, device_name) for pattern in option.get("match", [])):
+            spec = OmegaConf.to_container(option)
+            break
+    given = {k: v for k, v in asdict(gpu).items() if v is not None and k not in ("name", "match")}
+    return GpuConfig(**{**spec, **given})
 
 
 def hourly_price(gpu: GpuConfig):

@@ -75,7 +75,8 @@ def run_cell(cfg: DictConfig) -> dict:
             result["metrics"].update(memory_stats(device) if device is not None else {})
             steps = run_dir / "steps.jsonl"
             result["metrics"]["count/steps_done"] = len(steps.read_text().splitlines()) if steps.exists() else 0
-        result["metrics"]["host/peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        # The process's largest resident set so far (in a multirun: over this and earlier cells).
+        result["metrics"]["host/process_max_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
         result["time/total_s"] = time.perf_counter() - t_start
         result["env"] = env_info(device)
         atomic_write_json(run_dir / "metrics.json", result)
@@ -100,6 +101,8 @@ def run_cell(cfg: DictConfig) -> dict:
 def train_and_measure(c: Config, device: torch.device, gpu, run_dir: Path, result: dict, logger) -> dict:
     """Data, model and timed training for one cell; returns its metrics."""
     torch.manual_seed(c.train.seed)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)  # an OOM's peak then belongs to this cell alone
 
     # ---- data: built before the model, so bad input fails in seconds, not after a 7B load
     tokenizer = modeling.build_tokenizer(c.model)
