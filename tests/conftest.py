@@ -1,6 +1,7 @@
 import json
 import os
 import subprocess
+import tempfile
 import sys
 from pathlib import Path
 
@@ -11,9 +12,11 @@ from hydra import compose, initialize_config_dir
 import lorabench.config  # noqa: F401  (registers the schemas)
 
 REPO = Path(__file__).resolve().parents[1]
+# Tokenised-data cache of the whole test session in a temp dir (subprocesses inherit it).
+os.environ.setdefault("LORABENCH_CACHE", tempfile.mkdtemp(prefix="lorabench-cache-"))
 CONF = REPO / "conf"
 # A few steps are enough to exercise every part of a cell; the default task test runs the full default.
-FAST = ["train.max_steps=6", "train.timing_warmup_steps=2", "data.num_samples=64"]
+FAST = ["train.max_steps=6", "train.timing_warmup_steps=2", "data.max_samples=64"]
 
 
 def compose_cfg(overrides=(), config_name="train", return_hydra_config=False):

@@ -21,9 +21,13 @@ def test_groups_present():
         o for g, o in OPTIONS if g == "optimizer"}
 
 
+# Options that need one more value to be complete.
+NEEDS = {("data", "jsonl"): ["data.path=train.jsonl"], ("data", "hf"): ["data.path=my_dataset_dir"]}
+
+
 @pytest.mark.parametrize("group,option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
 def test_every_option_composes_into_schema(group, option):
-    cfg = compose_cfg([f"{group}={option}"])
+    cfg = compose_cfg([f"{group}={option}", *NEEDS.get((group, option), [])])
     obj = OmegaConf.to_object(cfg)  # builds the dataclasses and runs their range checks
     assert isinstance(obj, Config)
     assert OmegaConf.get_type(cfg, group) is type(getattr(obj, group))
@@ -61,6 +65,12 @@ def test_bad_override_fails_at_composition(override, message):
     with pytest.raises((ConfigCompositionException, ValidationError)) as e:
         compose_cfg([override])
     assert message in str(e.value) + str(e.value.__cause__)
+
+
+@pytest.mark.parametrize("option", ["jsonl", "hf"])
+def test_user_data_without_a_path_is_refused(option):
+    with pytest.raises(ValueError, match="data.path"):
+        OmegaConf.to_object(compose_cfg([f"data={option}"]))
 
 
 def test_unknown_group_option_lists_the_valid_ones():

@@ -26,7 +26,7 @@ def test_throughput_counts_only_the_timed_window():
     assert m["perf/tokens_per_s"] == pytest.approx(9000 / 5.0)
     assert m["perf/total_tokens_per_s"] == pytest.approx(10000 / 5.0)
     assert m["perf/samples_per_s"] == pytest.approx(40 / 5.0)
-    assert m["data/pad_fraction"] == pytest.approx(0.1)
+    assert m["data/nonpad_fraction"] == pytest.approx(0.9)
     assert m["perf/step_time_p50_s"] == 0.5  # the 9 s warmup steps are not in it
     assert m["train/loss_first"] == 10.0 and m["train/loss_final"] == -2.0
 

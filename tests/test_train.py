@@ -40,7 +40,7 @@ def test_result_file_holds_consistent_numbers(default_run):
     # Step times of the window add up to the window (each step is the time since the previous end).
     assert sum(s["time_s"] for s in timed) == pytest.approx(m["time/window_s"], rel=1e-6)
     assert m["perf/step_time_p50_s"] <= m["perf/step_time_p90_s"]
-    assert 0 < m["data/pad_fraction"] < 0.5  # tiny_instruct pads each batch to its longest sample
+    assert 0.5 < m["data/nonpad_fraction"] < 1  # tiny_instruct pads each batch to its longest sample
     assert m["perf/tokens_per_s"] < m["perf/total_tokens_per_s"]
     assert m["train/loss_final"] == steps[-1]["loss"]
     assert r["gpu"]["name"] == "cpu" and m["cost/usd_per_1k_samples"] > 0
@@ -77,7 +77,7 @@ def test_synthetic_tokens_count_exactly(tmp_path):
         # synthetic rows are exactly seq_len tokens and every one is trained on: no padding
         assert all(s["tokens_nonpad"] == s["tokens_total"] == s["tokens_label"] == seq_len * batch for s in steps)
         m = r["metrics"]
-        assert m["data/pad_fraction"] == 0
+        assert m["data/nonpad_fraction"] == 1
         assert m["perf/tokens_per_s"] == pytest.approx(m["perf/samples_per_s"] * seq_len)
 
 

