@@ -12,6 +12,9 @@ from hydra import compose, initialize_config_dir
 import lorabench.config  # noqa: F401  (registers the schemas)
 
 REPO = Path(__file__).resolve().parents[1]
+# Tests never reach a hub, in this process or in the train.py subprocesses.
+for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
+    os.environ[var] = "1"
 # Tokenised-data cache of the whole test session in a temp dir (subprocesses inherit it).
 os.environ.setdefault("LORABENCH_CACHE", tempfile.mkdtemp(prefix="lorabench-cache-"))
 CONF = REPO / "conf"

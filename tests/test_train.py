@@ -179,3 +179,25 @@ def test_a_cell_leaves_nothing_registered_for_the_next(tmp_path):
     manager.register_module_override(torch.nn.Embedding(4, 4), "weight", {"optim_bits": 32})
     assert run_in_process(FAST, tmp_path)["status"] == "ok"
     assert manager.module_weight_config_triple == [] and manager.pid2config == {}
+
+
+def test_packed_sharegpt_cell_counts_samples_not_rows(tmp_path):
+    common = [*FAST, "data=sharegpt", "seq_len=256", "data.max_samples=200"]
+    plain = run_in_process([*common, "data.packing=false"], tmp_path / "plain")
+    packed = run_in_process([*common, "data.packing=true"], tmp_path / "packed")
+    assert plain["status"] == packed["status"] == "ok", (plain.get("error"), packed.get("error"))
+    p, q = plain["metrics"], packed["metrics"]
+    assert q["data/packed_rows"] < q["data/samples"] == p["data/samples"] == 200
+    rows_seen = packed["config"]["batch"] * q["count/timed_steps"]
+    assert q["count/samples"] >= rows_seen  # a packed row holds one or more samples
+    assert 0.5 < q["data/nonpad_fraction"] <= 1 and 0.5 < q["data/rows_nonpad_fraction"] <= 1
+    assert p["data/truncated"] == q["data/truncated"] > 0  # ShareGPT conversations run long
+    assert q["perf/samples_per_s"] == pytest.approx(q["count/samples"] / q["time/window_s"])
+
+
+def test_bad_data_fails_the_cell_before_the_model_is_built(tmp_path):
+    bad = tmp_path / "train.jsonl"
+    bad.write_text('{"text": "fine"}\n{"messages": [{"role": "user", "content": "no answer"}]}\n')
+    result = run_in_process(["data=jsonl", f"data.path={bad}", *FAST], tmp_path / "run")
+    assert result["status"] == "failed" and "model" not in result
+    assert f"{bad}:2: conversation has no assistant turn" in result["error"]
