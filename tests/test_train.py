@@ -56,7 +56,7 @@ def test_card_multirun_leaves_one_result_per_cell(tmp_path):
     # The card's command, verbatim, plus only what makes it quick.
     run_cli("train.py", ["-m", "seq_len=512,1024", "batch=4,8", *FAST, f"hydra.sweep.dir={tmp_path}"])
     cells = {}
-    for cell_dir in sorted(p for p in tmp_path.iterdir() if p.is_dir()):
+    for cell_dir in sorted(p for p in tmp_path.iterdir() if p.name.isdigit()):
         r, steps = read_result(cell_dir), read_steps(cell_dir)
         assert r["status"] == "ok"
         cfg = r["config"]

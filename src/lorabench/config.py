@@ -214,6 +214,22 @@ class LoggerConfig:
 
 
 @dataclass
+class ReportConfig:
+    """The sweep report (results.md/csv, plots/, report.html), written after every multirun."""
+
+    baseline: Optional[str] = None  # job number or cell name of the speedup baseline; null = first ok cell
+    dataset_samples: int = 10_000  # projected time and cost are for this many samples (the seed's table)
+    # A price to compare against, e.g. a managed fine-tuning service's USD per 1M training tokens.
+    reference_usd_per_1m_tokens: Optional[float] = None
+    reference_name: str = "reference price"
+
+    def __post_init__(self) -> None:
+        _positive("report.dataset_samples", self.dataset_samples)
+        if self.reference_usd_per_1m_tokens is not None and self.reference_usd_per_1m_tokens < 0:
+            raise ValueError(f"report.reference_usd_per_1m_tokens must be >= 0, got {self.reference_usd_per_1m_tokens}")
+
+
+@dataclass
 class TrainConfig:
     max_steps: int = 40  # optimizer steps
     # Steps excluded from every timing, memory and utilisation figure: CUDA context, kernel
@@ -246,15 +262,28 @@ class Config:
     gpu: GpuConfig = MISSING
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)
 
     def __post_init__(self) -> None:
         _positive("seq_len", self.seq_len)
         _positive("batch", self.batch)
 
 
+class Suite(Enum):
+    report = "report"
+
+
+@dataclass
+class BenchConfig:
+    suite: Suite = Suite.report
+    sweep_dir: str = MISSING  # report: the sweep dir to tabulate
+    report: ReportConfig = field(default_factory=ReportConfig)
+
+
 def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)
+    cs.store(name="bench_schema", node=BenchConfig)
     for group, node in [("model", ModelConfig), ("precision", PrecisionConfig), ("lora", LoraConfig),
                         ("optimizer", OptimizerConfig), ("data", DataConfig), ("gpu", GpuConfig),
                         ("logger", LoggerConfig)]:

@@ -8,7 +8,6 @@ for a failed cell, error.txt with the traceback.
 from __future__ import annotations
 
 import csv
-import io
 import json
 import os
 import platform
@@ -85,7 +84,7 @@ COLUMNS = [
 ]
 
 
-def row(result: dict) -> dict:
+def row(result: dict, max_error: int | None = 80) -> dict:
     m = result.get("metrics", {})
     out = {}
     for header, key, fmt in COLUMNS:
@@ -97,7 +96,7 @@ def row(result: dict) -> dict:
             v = fmt.format(v) if v is not None else None
         out[header] = v if v is not None else "-"
     if result.get("status") not in ("ok", None):
-        out["status"] = f"{result['status']}: {str(result.get('error', ''))[:60]}"
+        out["status"] = f"{result['status']}: {str(result.get('error', ''))[:max_error]}"
     return out
 
 
@@ -110,46 +109,44 @@ def markdown_table(results: list[dict]) -> str:
 
 
 def load_results(sweep_dir: Path) -> tuple[list[dict], list[Path]]:
-    """Every cell's metrics.json below sweep_dir, and the cell dirs that have none (still running,
-    or killed before the result was written)."""
-    results, missing = [], []
-    for cell in sorted(p for p in Path(sweep_dir).iterdir() if (p / ".hydra").is_dir()):
-        f = cell / "metrics.json"
-        if f.is_file():
-            results.append(json.loads(f.read_text()))
-        else:
-            missing.append(cell)
-    return results, missing
+    """Every cell's metrics.json below sweep_dir, and the cell dirs without a readable one (still
+    running, killed before the result was written, or a file damaged by hand)."""
+    results, incomplete = [], []
+    for cell in sorted((p for p in Path(sweep_dir).iterdir() if (p / ".hydra").is_dir()),
+                       key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name)):
+        try:
+            results.append(json.loads((cell / "metrics.json").read_text()))
+        except (OSError, json.JSONDecodeError):
+            incomplete.append(cell)
+    return results, incomplete
 
 
-def write_sweep_summary(sweep_dir: Path) -> str:
-    """results.md and results.csv in the sweep dir; returns the markdown."""
-    sweep_dir = Path(sweep_dir)
-    results, missing = load_results(sweep_dir)
-    results.sort(key=lambda r: r.get("job_num", 0))
-    md = markdown_table(results)
-    if missing:
-        md += "\n\nNo result (incomplete): " + ", ".join(p.name for p in missing)
-    seq_lens = {r.get("config", {}).get("seq_len") for r in results}
-    if len(seq_lens) > 1:
-        md += ("\n\nCells differ in seq_len: samples/s is not comparable across them; compare non-pad "
-               "tokens/s.")
-    (sweep_dir / "results.md").write_text(md + "\n")
-    flat = [{"cell": r.get("cell"), "status": r.get("status"), "error": r.get("error"), **r.get("metrics", {})}
-            for r in results]
+def write_csv(results: list[dict], path: Path) -> None:
+    """One row per cell: its status and error, then every metric (the union of keys over cells)."""
+    flat = [{"job_num": r.get("job_num"), "cell": r.get("cell"), "status": r.get("status"), "error": r.get("error"),
+             **r.get("metrics", {})} for r in results]
     keys = list(dict.fromkeys(k for f in flat for k in f))
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=keys)
-    w.writeheader()
-    w.writerows(flat)
-    (sweep_dir / "results.csv").write_text(buf.getvalue())
-    return md
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(flat)
 
 
 class SweepSummary(Callback):
-    """Hydra callback: after a multirun, tabulate every cell of the sweep (failed ones included)."""
+    """Hydra callback: after a multirun, the sweep report over every cell (failed ones included),
+    and with logger=wandb an aggregate W&B run (plus, online, a comparison workspace)."""
 
     def on_multirun_end(self, config, **kwargs) -> None:
+        from omegaconf import OmegaConf
+
+        from lorabench.config import LoggerKind, ReportConfig
+        from lorabench.loggers import publish_aggregate
+        from lorabench.report import swept_keys, write_report
+
         sweep_dir = Path(config.hydra.sweep.dir)
-        md = write_sweep_summary(sweep_dir)
-        print(f"\nSweep {sweep_dir} ({sweep_dir / 'results.md'}):\n{md}")
+        report_cfg = OmegaConf.to_object(config.report) if "report" in config else ReportConfig()
+        out = write_report(sweep_dir, report_cfg)
+        print(f"\nSweep {sweep_dir}:\n{out['markdown']}\n\nReport: {sweep_dir / 'report.html'}")
+        if "logger" in config and LoggerKind(config.logger.kind) is LoggerKind.wandb:
+            results, _ = load_results(sweep_dir)
+            publish_aggregate(config.logger, sweep_dir.name, results, swept_keys(results), str(sweep_dir))

@@ -48,6 +48,10 @@ def run_cell(cfg: DictConfig) -> dict:
     logger, device = NullLogger(), None
     t_start = time.perf_counter()
     try:
+        # First the logger, so that a cell failing any check below still has its W&B run.
+        group = Path(hc.sweep.dir if hc.mode == RunMode.MULTIRUN else hc.run.dir).name
+        logger = build_logger(cfg.logger, name=result["cell"], group=group, config=result["config"],
+                              run_dir=str(run_dir))
         # Range checks (__post_init__) run here; type errors were already caught at composition.
         c: Config = OmegaConf.to_object(cfg)
         device = modeling.resolve_device(c)
@@ -56,8 +60,6 @@ def run_cell(cfg: DictConfig) -> dict:
         result["gpu"] = {"name": gpu.name, "price_per_hour": gpu.price_per_hour,
                          "spot_price_per_hour": gpu.spot_price_per_hour, "pricing": gpu.pricing.value,
                          "peak_bf16_tflops": gpu.peak_bf16_tflops}
-        logger = build_logger(c.logger, name=result["cell"], group=Path(hc.sweep.dir).name,
-                              config=result["config"], run_dir=str(run_dir))
         result["metrics"] = train_and_measure(c, device, gpu, run_dir, result, logger)
         result["status"] = "ok"
     except torch.OutOfMemoryError as e:

@@ -1,0 +1,281 @@
+"""The sweep report: every cell's metrics.json -> results.csv, results.md, plots/*.png, report.html.
+
+Written at the end of every multirun (Hydra callback) and on demand with
+`python bench.py suite=report sweep_dir=<dir>`, which also works on a sweep still running or
+killed part-way: cells without a readable metrics.json are listed as incomplete.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+from collections import defaultdict
+from pathlib import Path
+from statistics import median
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402
+
+from lorabench.config import ReportConfig  # noqa: E402
+from lorabench.results import COLUMNS, load_results, markdown_table, row, write_csv  # noqa: E402
+
+IGNORED_KEYS = ("data.cache_dir", "logger.", "model.path")  # never a knob worth a line
+STATUS_COLOR = {"ok": "#4c72b0", "oom": "#c44e52", "failed": "#8c8c8c"}
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{key}."))
+        else:
+            out[key] = tuple(v) if isinstance(v, list) else v
+    return out
+
+
+def swept_keys(results: list[dict]) -> list[str]:
+    """Config keys whose value differs between cells: the sweep's axes."""
+    flats = [flatten(r.get("config", {})) for r in results]
+    keys = sorted(set().union(*flats)) if flats else []
+    return [k for k in keys if len({repr(f.get(k)) for f in flats}) > 1 and not k.startswith(IGNORED_KEYS)]
+
+
+def label(result: dict, keys: list[str]) -> str:
+    """A short name for a cell: its values of the swept keys (else the override string)."""
+    flat = flatten(result.get("config", {}))
+    if keys:
+        return ",".join(f"{k.split('.')[-1]}={flat.get(k)}" for k in keys)
+    return result.get("cell", "?")
+
+
+def knob_effects(results: list[dict], keys: list[str]) -> list[dict]:
+    """For each swept key, the pairs of ok cells that differ in that key alone: the median change of
+    non-pad tokens/s (as a ratio) and of peak reserved memory (GiB) from one value to the other."""
+    ok = [r for r in results if r.get("status") == "ok"]
+    flats = [flatten(r["config"]) for r in ok]
+
+    def order(v):  # numbers ascending, anything else by its text
+        return (0, v, "") if isinstance(v, (int, float)) and not isinstance(v, bool) else (1, 0, repr(v))
+
+    effects = defaultdict(list)
+    for i in range(len(ok)):
+        for j in range(i + 1, len(ok)):
+            diff = [k for k in keys if flats[i].get(k) != flats[j].get(k)]
+            if len(diff) != 1:
+                continue
+            k = diff[0]
+            lo, hi = (i, j) if order(flats[i].get(k)) <= order(flats[j].get(k)) else (j, i)
+            ma, mb = ok[lo]["metrics"], ok[hi]["metrics"]
+            tok = mb["perf/tokens_per_s"] / ma["perf/tokens_per_s"]
+            mem = mb.get("mem/peak_reserved_gib", math.nan) - ma.get("mem/peak_reserved_gib", math.nan)
+            effects[(k, flats[lo].get(k), flats[hi].get(k))].append((tok, mem))
+    out = []
+    for (k, va, vb), pairs in effects.items():
+        tok = median(p[0] for p in pairs)
+        mems = [p[1] for p in pairs if not math.isnan(p[1])]
+        out.append({"key": k, "from": va, "to": vb, "pairs": len(pairs), "tokens_ratio": tok,
+                    "mem_delta_gib": median(mems) if mems else None})
+    return sorted(out, key=lambda e: -abs(math.log(e["tokens_ratio"])))
+
+
+def sentence(e: dict) -> str:
+    change = (e["tokens_ratio"] - 1) * 100
+    mem = "" if e["mem_delta_gib"] is None else f", peak reserved memory {e['mem_delta_gib']:+.2f} GiB"
+    return (f"{e['key']} {e['from']} -> {e['to']}: non-pad tokens/s {change:+.1f}%{mem} "
+            f"(median of {e['pairs']} pair{'s' if e['pairs'] > 1 else ''} of cells differing only in it).")
+
+
+def projection(r: dict, cfg: ReportConfig) -> dict | None:
+    """Time and cost to train on cfg.dataset_samples samples at this cell's measured rate."""
+    m = r.get("metrics", {})
+    if r.get("status") != "ok" or not m.get("perf/samples_per_s"):
+        return None
+    hours = cfg.dataset_samples / m["perf/samples_per_s"] / 3600
+    tokens = cfg.dataset_samples * m["count/tokens_nonpad"] / m["count/samples"]
+    out = {"hours": hours, "tokens": tokens, "usd": hours * m["cost/usd_per_hour"] if "cost/usd_per_hour" in m else None}
+    if cfg.reference_usd_per_1m_tokens is not None:
+        out["reference_usd"] = tokens / 1e6 * cfg.reference_usd_per_1m_tokens
+    return out
+
+
+# ---------------------------------------------------------------------------- plots
+
+def _bars(ax, names, values, colors, fmt="{:,.0f}"):
+    y = range(len(names))
+    ax.barh(list(y), [0 if v is None else v for v in values], color=colors)
+    ax.set_yticks(list(y), names, fontsize=8)
+    ax.invert_yaxis()
+    for i, v in enumerate(values):
+        ax.text(0 if v is None else v, i, " -" if v is None else " " + fmt.format(v), va="center", fontsize=7)
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    lo, hi = min(finite + [0]), max(finite + [0])
+    ax.set_xlim(lo - 0.2 * (hi - lo) if lo < 0 else 0, hi + 0.2 * (hi - lo) or 1)  # room for the labels
+
+
+def make_plots(results: list[dict], keys: list[str], cfg: ReportConfig, out_dir: Path) -> dict[str, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    names = [label(r, keys) for r in results]
+    colors = [STATUS_COLOR.get(r.get("status"), "#8c8c8c") for r in results]
+    m = [r.get("metrics", {}) for r in results]
+    height = 1.2 + 0.35 * len(results)
+    plots = {}
+
+    def save(fig, name, title):
+        fig.suptitle(title, fontsize=10)
+        fig.tight_layout()
+        path = out_dir / f"{name}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        plots[name] = path
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, height))
+    _bars(a, names, [x.get("perf/tokens_per_s") for x in m], colors)
+    a.set_xlabel("non-pad tokens/s")
+    _bars(b, names, [x.get("perf/samples_per_s") for x in m], colors, "{:.2f}")
+    b.set_xlabel("samples/s" + (" (not comparable across seq_len)" if any(k == "seq_len" for k in keys) else ""))
+    save(fig, "throughput", "Throughput per cell (grey: failed, red: out of memory)")
+
+    base = baseline(results, cfg)
+    if base is not None:
+        ref = base["metrics"]["perf/tokens_per_s"]
+        fig, ax = plt.subplots(figsize=(7, height))
+        _bars(ax, names, [x["perf/tokens_per_s"] / ref if "perf/tokens_per_s" in x else None for x in m], colors,
+              "{:.2f}x")
+        ax.axvline(1.0, color="k", lw=0.8)
+        ax.set_xlabel(f"non-pad tokens/s relative to {label(base, keys)}")
+        save(fig, "speedup", "Speedup against the baseline cell")
+
+    if any("mem/peak_reserved_gib" in x for x in m):
+        fig, ax = plt.subplots(figsize=(7, height))
+        _bars(ax, names, [x.get("mem/peak_reserved_gib") for x in m], colors, "{:.1f} GiB")
+        caps = {x.get("mem/budget_gib") or x.get("mem/device_total_gib") for x in m} - {None}
+        for cap in caps:
+            ax.axvline(cap, color="#c44e52", ls="--", lw=1)
+            ax.text(cap, -0.6, f" capacity {cap:.1f} GiB", color="#c44e52", fontsize=7)
+        ax.set_xlabel("peak reserved GiB (PyTorch caching allocator)")
+        save(fig, "memory", "Peak memory against the GPU's capacity")
+
+    if any("cost/usd_per_1k_samples" in x for x in m):
+        fig, (a, b) = plt.subplots(1, 2, figsize=(11, height))
+        _bars(a, names, [x.get("cost/usd_per_1k_samples") for x in m], colors, "${:.3f}")
+        a.set_xlabel("USD per 1K samples")
+        _bars(b, names, [x.get("cost/usd_per_1m_tokens") for x in m], colors, "${:.3f}")
+        b.set_xlabel("USD per 1M non-pad tokens")
+        save(fig, "cost", "Cost per cell at its GPU's hourly price")
+
+    proj = [projection(r, cfg) for r in results]
+    if any(p and p["usd"] is not None for p in proj):
+        fig, (a, b) = plt.subplots(1, 2, figsize=(11, height))
+        _bars(a, names, [p["hours"] if p else None for p in proj], colors, "{:.2f} h")
+        a.set_xlabel(f"hours for {cfg.dataset_samples:,} samples")
+        _bars(b, names, [p["usd"] if p else None for p in proj], colors, "${:.2f}")
+        if cfg.reference_usd_per_1m_tokens is not None:
+            refs = [p["reference_usd"] if p else None for p in proj]
+            b.barh([i + 0.3 for i in range(len(refs))], [r or 0 for r in refs], height=0.3, color="#dd8452",
+                   label=f"{cfg.reference_name}: ${cfg.reference_usd_per_1m_tokens}/1M tokens, same tokens")
+            for i, r in enumerate(refs):
+                if r is not None:
+                    b.text(r, i + 0.3, f" ${r:.2f}", va="center", fontsize=7, color="#dd8452")
+            top = max([r for r in refs if r] + [p["usd"] for p in proj if p and p["usd"]])
+            b.set_xlim(0, top * 1.25)
+            b.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18 - 0.4 / len(proj)))
+        b.set_xlabel(f"USD for {cfg.dataset_samples:,} samples")
+        save(fig, "projection", f"Time and cost projected for {cfg.dataset_samples:,} samples")
+
+    effects = knob_effects(results, keys)
+    if effects:
+        names_e = [f"{e['key']}: {e['from']} -> {e['to']}" for e in effects]
+        fig, (a, b) = plt.subplots(1, 2, figsize=(11, 1.2 + 0.4 * len(effects)))
+        tok = [(e["tokens_ratio"] - 1) * 100 for e in effects]
+        _bars(a, names_e, tok, ["#55a868" if t >= 0 else "#c44e52" for t in tok], "{:+.1f}%")
+        a.axvline(0, color="k", lw=0.8)
+        a.set_xlabel("change in non-pad tokens/s")
+        mem = [e["mem_delta_gib"] for e in effects]
+        _bars(b, names_e, mem, ["#8172b3"] * len(effects), "{:+.2f} GiB")
+        b.axvline(0, color="k", lw=0.8)
+        b.set_xlabel("change in peak reserved memory")
+        save(fig, "knobs", "Which knob moved throughput and memory (cells differing in one key)")
+    return plots
+
+
+def baseline(results: list[dict], cfg: ReportConfig) -> dict | None:
+    ok = [r for r in results if r.get("status") == "ok"]
+    if cfg.baseline is None:
+        return ok[0] if ok else None
+    for r in ok:
+        if str(r.get("job_num")) == str(cfg.baseline) or r.get("cell") == cfg.baseline:
+            return r
+    raise ValueError(f"report.baseline={cfg.baseline!r} names no finished cell; give a job number or one of "
+                     f"{[r.get('cell') for r in ok]}")
+
+
+# ---------------------------------------------------------------------------- the files
+
+def write_report(sweep_dir: Path, cfg: ReportConfig | None = None) -> dict:
+    """Every file of the report; returns {"markdown": ..., "files": [...]}."""
+    cfg = cfg or ReportConfig()
+    sweep_dir = Path(sweep_dir)
+    if not sweep_dir.is_dir():
+        raise FileNotFoundError(f"sweep dir {str(sweep_dir)!r} does not exist")
+    results, incomplete = load_results(sweep_dir)
+    if not results and not incomplete:
+        raise FileNotFoundError(f"{sweep_dir} holds no cells (no sub-directory with a .hydra folder): is it the "
+                                "dir of a multirun (outputs/sweeps/<time>)?")
+    results.sort(key=lambda r: r.get("job_num", 0))
+    keys = swept_keys(results)
+    notes = []
+    if incomplete:
+        notes.append("No result (incomplete): " + ", ".join(p.name for p in incomplete))
+    if len({r.get("config", {}).get("seq_len") for r in results}) > 1:
+        notes.append("Cells differ in seq_len: samples/s is not comparable across them; compare non-pad tokens/s.")
+    effects = knob_effects(results, keys)
+    md = markdown_table(results)
+    if notes:
+        md += "\n\n" + "\n\n".join(notes)
+    if effects:
+        md += "\n\nKnob effects:\n" + "\n".join(f"- {sentence(e)}" for e in effects)
+    (sweep_dir / "results.md").write_text(md + "\n")
+    write_csv(results, sweep_dir / "results.csv")
+    plots = make_plots(results, keys, cfg, sweep_dir / "plots") if results else {}
+    page = sweep_dir / "report.html"
+    page.write_text(render_html(sweep_dir, results, keys, notes, effects, plots, cfg))
+    files = [sweep_dir / "results.md", sweep_dir / "results.csv", page, *plots.values()]
+    return {"markdown": md, "files": files}
+
+
+def render_html(sweep_dir, results, keys, notes, effects, plots, cfg) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h, _, _ in COLUMNS)
+    body = ""
+    for r in results:
+        cells = row(r, max_error=None)
+        cls = r.get("status", "")
+        body += f"<tr class='{html.escape(cls)}'>" + "".join(f"<td>{html.escape(str(cells[h]))}</td>"
+                                                             for h, _, _ in COLUMNS) + "</tr>"
+    proj_rows = ""
+    for r in results:
+        p = projection(r, cfg)
+        if p:
+            ref = f"${p['reference_usd']:.2f}" if "reference_usd" in p else "-"
+            usd = f"${p['usd']:.2f}" if p["usd"] is not None else "-"
+            proj_rows += (f"<tr><td>{html.escape(label(r, keys))}</td><td>{p['hours']:.2f}</td>"
+                          f"<td>{p['tokens'] / 1e6:.2f}</td><td>{usd}</td><td>{ref}</td></tr>")
+    imgs = "".join(f"<h3>{name}</h3><img alt='{name}' src='data:image/png;base64,"
+                   f"{base64.b64encode(path.read_bytes()).decode()}'>" for name, path in plots.items())
+    return f"""<!doctype html><html><head><meta charset="utf-8"><title>lorabench: {html.escape(sweep_dir.name)}</title>
+<style>body{{font-family:sans-serif;margin:2em;max-width:1200px}}table{{border-collapse:collapse;font-size:12px}}
+td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right}}td:first-child{{text-align:left}}
+tr.oom td{{background:#fbe3e4}}tr.failed td{{background:#eee}}img{{max-width:100%}}</style></head><body>
+<h1>Sweep {html.escape(str(sweep_dir))}</h1>
+<p>{len(results)} cells; swept: {html.escape(", ".join(keys) or "nothing (one configuration)")}.
+Non-pad tokens/s counts real tokens only, over the timed steps (warmup excluded).</p>
+{"".join(f"<p><b>{html.escape(n)}</b></p>" for n in notes)}
+<table><tr>{head}</tr>{body}</table>
+<h2>Knob effects</h2><ul>{"".join(f"<li>{html.escape(sentence(e))}</li>" for e in effects) or "<li>no two cells differ in one key only</li>"}</ul>
+<h2>Projection for {cfg.dataset_samples:,} samples</h2>
+<table><tr><th>cell</th><th>hours</th><th>M non-pad tokens</th><th>GPU cost</th><th>{html.escape(cfg.reference_name)}</th></tr>{proj_rows}</table>
+<h2>Plots</h2>{imgs}
+</body></html>"""

@@ -1,0 +1,152 @@
+"""The sweep report and the W&B side: files whose numbers equal the cells' own, one offline W&B run
+per cell with its summary, failed cells with their reasons, clear messages for broken sweep dirs."""
+
+import csv
+import json
+import math
+
+import pytest
+from conftest import FAST, REPO, run_cli
+from wandb_records import summarize_run
+
+from lorabench.config import ReportConfig
+from lorabench.report import knob_effects, projection, write_report
+
+SECRET_KEY, SECRET_TOKEN = "fake-wandb-key-0123456789abcdef", "hf_fakeTokenThatMustNeverLeak42"
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    """4 cells, 2 of which fail (seq_len 5000 exceeds the tiny model's 4096 positions), W&B offline,
+    with a fake W&B key and HF token planted in the environment."""
+    d = tmp_path_factory.mktemp("sweep")
+    pytest.importorskip("wandb")
+    proc = run_cli("train.py", ["-m", "seq_len=32,5000", "batch=2,3", *FAST, "logger=wandb",
+                                f"hydra.sweep.dir={d}"],
+                   env={"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_API_KEY": SECRET_KEY,
+                        "HF_TOKEN": SECRET_TOKEN})
+    return d, proc
+
+
+def cells(d):
+    return {int(p.name): json.loads((p / "metrics.json").read_text()) for p in d.iterdir() if p.name.isdigit()}
+
+
+def test_report_files_hold_the_cells_numbers(sweep):
+    d, _ = sweep
+    own = cells(d)
+    assert len(own) == 4 and sorted(r["status"] for r in own.values()) == ["failed", "failed", "ok", "ok"]
+    rows = list(csv.DictReader(open(d / "results.csv")))
+    assert len(rows) == 4
+    for row in rows:
+        r = own[int(row["job_num"])]
+        assert row["status"] == r["status"] and row["cell"] == r["cell"]
+        for key, value in r["metrics"].items():
+            if isinstance(value, float):
+                assert float(row[key]) == pytest.approx(value, rel=1e-12), key
+    md = (d / "results.md").read_text()
+    assert md.count("| ok |") == 2 and md.count("failed: ValueError: seq_len=5000 exceeds") == 2
+    assert "batch 2 -> 3: non-pad tokens/s" in md  # the knob effect, from the two finished cells
+    for name in ("throughput", "speedup", "cost", "projection", "knobs"):
+        png = d / "plots" / f"{name}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+    page = (d / "report.html").read_text()
+    assert page.count("<img") == len(list((d / "plots").glob("*.png"))) and "data:image/png;base64," in page
+    assert page.count("<tr class='failed'>") == 2 and "exceeds model.max_position_embeddings" in page
+    assert "http" not in page.replace("https://", "")  # self-contained: nothing to fetch
+
+
+def test_one_offline_wandb_run_per_cell_with_its_result(sweep):
+    d, _ = sweep
+    own = cells(d)
+    runs = {}
+    for f in d.glob("*/wandb/offline-run-*/run-*.wandb"):
+        runs[int(f.relative_to(d).parts[0])] = summarize_run(f)
+    assert sorted(runs) == sorted(own)  # every cell, the failed ones too
+    for n, run in runs.items():
+        r = own[n]
+        assert run["name"] == r["cell"] and run["group"] == d.name and run["job_type"] == "train-cell"
+        assert f"seq_len={r['config']['seq_len']}" in run["tags"]
+        assert run["summary"]["status"] == r["status"] and run["exit_code"] == (0 if r["status"] == "ok" else 1)
+        if r["status"] == "ok":
+            assert run["summary"]["perf/tokens_per_s"] == pytest.approx(r["metrics"]["perf/tokens_per_s"])
+        else:
+            assert run["summary"]["error"] == r["error"]
+        assert run["config"]["seq_len"] == r["config"]["seq_len"]
+    aggregate = [summarize_run(f) for f in d.glob("wandb/offline-run-*/run-*.wandb")]
+    assert len(aggregate) == 1 and aggregate[0]["job_type"] == "aggregate" and aggregate[0]["group"] == d.name
+    assert "sweep/results" in aggregate[0]["history_keys"]
+    (table,) = d.glob("wandb/offline-run-*/files/media/table/sweep/results_*.table.json")
+    table = json.loads(table.read_text())
+    assert len(table["data"]) == 4 and table["columns"][:3] == ["cell", "batch", "seq_len"]
+
+
+def test_no_secret_reaches_any_file(sweep):
+    d, proc = sweep
+    for f in d.rglob("*"):
+        if f.is_file():
+            data = f.read_bytes()
+            assert SECRET_KEY.encode() not in data and SECRET_TOKEN.encode() not in data, f
+    assert SECRET_KEY not in proc.stdout + proc.stderr and SECRET_TOKEN not in proc.stdout + proc.stderr
+
+
+def test_workspace_payload_compares_the_sweep(tmp_path):
+    pytest.importorskip("wandb_workspaces")
+    from lorabench.loggers import aggregate_rows, build_workspace
+
+    view = build_workspace("me", "lorabench", "2026-11-22_10-00-00", ["batch", "seq_len"])._to_model()
+    payload = json.dumps(view.model_dump(by_alias=True, exclude_none=True), default=str)
+    for metric in ("perf/tokens_per_s", "mem/peak_reserved_gib", "cost/usd_per_1k_samples", "batch", "seq_len"):
+        assert metric in payload, metric
+    assert "2026-11-22_10-00-00" in payload and "train-cell" in payload  # filtered to the sweep's cell runs
+    columns, rows = aggregate_rows([{"cell": "batch=2", "status": "ok", "config": {"batch": 2},
+                                     "metrics": {"perf/tokens_per_s": 10.0}}], ["batch"])
+    assert rows == [["batch=2", "2", "ok", None, 10.0, None, None, None, None, None]] and columns[1] == "batch"
+
+
+def test_knob_effects_pair_cells_that_differ_in_one_key():
+    def r(batch, seq, tok, mem):
+        return {"status": "ok", "config": {"batch": batch, "seq_len": seq},
+                "metrics": {"perf/tokens_per_s": tok, "mem/peak_reserved_gib": mem}}
+    results = [r(4, 512, 100.0, 10.0), r(8, 512, 150.0, 12.0), r(4, 1024, 110.0, 12.5), r(8, 1024, 165.0, 16.5),
+               {"status": "oom", "config": {"batch": 16, "seq_len": 1024}, "metrics": {}}]
+    effects = {(e["key"], e["from"], e["to"]): e for e in knob_effects(results, ["batch", "seq_len"])}
+    assert effects[("batch", 4, 8)]["tokens_ratio"] == pytest.approx(1.5)  # 150/100 and 165/110
+    assert effects[("batch", 4, 8)]["mem_delta_gib"] == pytest.approx(3.0)  # median of 2.0 and 4.0
+    assert effects[("seq_len", 512, 1024)]["tokens_ratio"] == pytest.approx(median_of(1.1, 1.1))
+    assert effects[("batch", 4, 8)]["pairs"] == 2 and len(effects) == 2  # the OOM cell pairs with nothing
+
+
+def median_of(*xs):
+    xs = sorted(xs)
+    return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2
+
+
+def test_projection_for_a_dataset_size():
+    r = {"status": "ok", "metrics": {"perf/samples_per_s": 1.46, "count/tokens_nonpad": 5120, "count/samples": 10,
+                                     "cost/usd_per_hour": 0.60}}
+    p = projection(r, ReportConfig(dataset_samples=10_000, reference_usd_per_1m_tokens=2.0))
+    assert p["hours"] == pytest.approx(10_000 / 1.46 / 3600)  # the seed's "10,000 samples": 1.9 h
+    assert p["usd"] == pytest.approx(p["hours"] * 0.60) and p["tokens"] == 10_000 * 512
+    assert p["reference_usd"] == pytest.approx(5.12 * 2.0)
+
+
+def test_broken_sweep_dirs_give_a_clear_message(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        write_report(tmp_path / "nope")
+    with pytest.raises(FileNotFoundError, match="holds no cells"):
+        write_report(tmp_path)
+    proc = run_cli("bench.py", [f"sweep_dir={tmp_path}"], check=False)
+    assert proc.returncode != 0 and "holds no cells" in proc.stderr and "Traceback" not in proc.stderr
+    # a half-written result: listed as incomplete, the rest still reported
+    (tmp_path / "0" / ".hydra").mkdir(parents=True)
+    (tmp_path / "0" / "metrics.json").write_text('{"status": "ok", "metr')
+    out = write_report(tmp_path)
+    assert "No result (incomplete): 0" in out["markdown"]
+    assert math.isfinite(len(out["files"]))
+
+
+def test_bench_report_options_compose():
+    proc = run_cli("bench.py", ["sweep_dir=x", "report.baseline=3", "report.dataset_samples=500", "--cfg", "job"])
+    assert "dataset_samples: 500" in proc.stdout and "baseline: '3'" in proc.stdout
+    assert (REPO / "conf" / "bench.yaml").is_file()
