@@ -156,6 +156,7 @@ def make_plots(results: list[dict], keys: list[str], cfg: ReportConfig, out_dir:
         for cap in caps:
             ax.axvline(cap, color="#c44e52", ls="--", lw=1)
             ax.text(cap, -0.6, f" capacity {cap:.1f} GiB", color="#c44e52", fontsize=7)
+        ax.set_xlim(0, 1.2 * max([*caps, *[x.get("mem/peak_reserved_gib") or 0 for x in m]]))
         ax.set_xlabel("peak reserved GiB (PyTorch caching allocator)")
         save(fig, "memory", "Peak memory against the GPU's capacity")
 
@@ -252,9 +253,11 @@ def render_html(sweep_dir, results, keys, notes, effects, plots, cfg) -> str:
     body = ""
     for r in results:
         cells = row(r, max_error=None)
+        cells["cell"] = label(r, keys)  # the swept values; every override is in the tooltip
         cls = r.get("status", "")
-        body += f"<tr class='{html.escape(cls)}'>" + "".join(f"<td>{html.escape(str(cells[h]))}</td>"
-                                                             for h, _, _ in COLUMNS) + "</tr>"
+        tds = "".join(f"<td>{html.escape(str(cells[h]))}</td>" for h, _, _ in COLUMNS[1:])
+        body += (f"<tr class='{html.escape(cls)}'><td title='{html.escape(str(r.get('cell')))}'>"
+                 f"{html.escape(cells['cell'])}</td>{tds}</tr>")
     proj_rows = ""
     for r in results:
         p = projection(r, cfg)
@@ -267,7 +270,7 @@ def render_html(sweep_dir, results, keys, notes, effects, plots, cfg) -> str:
                    f"{base64.b64encode(path.read_bytes()).decode()}'>" for name, path in plots.items())
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>lorabench: {html.escape(sweep_dir.name)}</title>
 <style>body{{font-family:sans-serif;margin:2em;max-width:1200px}}table{{border-collapse:collapse;font-size:12px}}
-td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right}}td:first-child{{text-align:left}}
+td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right}}td:nth-child(-n+2){{text-align:left}}
 tr.oom td{{background:#fbe3e4}}tr.failed td{{background:#eee}}img{{max-width:100%}}</style></head><body>
 <h1>Sweep {html.escape(str(sweep_dir))}</h1>
 <p>{len(results)} cells; swept: {html.escape(", ".join(keys) or "nothing (one configuration)")}.
