@@ -1,14 +1,17 @@
-"""Benchmark suites beside training. For now one suite: the sweep report.
+"""Benchmarks beside training, through the same model builders (src/lorabench/bench.py).
 
-    python bench.py sweep_dir=outputs/sweeps/2026-11-22_10-00-00   # results.md/.csv, plots/, report.html
-
-It reads whatever cells have a metrics.json, so it works on a sweep that is still running or was
-killed part-way (cells without a result are listed as incomplete).
+    python bench.py suite=hardware                               # matmul, memory and host-link bandwidth
+    python bench.py -m suite=loading model=mistral-7b-v0.3 precision=bf16,nf4,int8
+    python bench.py -m suite=inference model=mistral-7b-v0.3 precision=bf16,nf4
+    python bench.py suite=consistency 'consistency.inputs=[outputs/node*/metrics.json]'
+    python bench.py sweep_dir=outputs/sweeps/<time>             # the sweep report (also a partial sweep)
 """
 
 import sys
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 import lorabench.config  # noqa: F401  (registers the schemas in Hydra's ConfigStore)
@@ -19,9 +22,11 @@ def main(cfg: DictConfig) -> None:
     from lorabench.bench import run_suite
 
     try:
-        run_suite(cfg)
+        code = run_suite(cfg)
     except (FileNotFoundError, ValueError) as e:  # a wrong dir or option: say so, no traceback
         sys.exit(f"bench.py: {e}")
+    if code and not HydraConfig.get().mode == RunMode.MULTIRUN:
+        sys.exit(code)  # a failed cell or an exceeded tolerance; a multirun goes on to its next cell
 
 
 if __name__ == "__main__":

@@ -1,16 +1,226 @@
-"""bench.py's suites. The report suite writes the sweep report of a sweep dir (also a partial one)."""
+"""bench.py's suites: what the seed measured besides training, through the same builders.
+
+    hardware     matmul TFLOP/s (bf16, fp16, tf32, fp32) over sizes; device memory bandwidth (a large
+                 copy, bytes read + written); host<->device bandwidth, pinned and pageable. Each as a
+                 fraction of the gpu option's datasheet figure. CUDA events around each repeat, warmup
+                 first, fresh random data (never zeros), the median of the repeats.
+    loading      time and memory to build (random init: quantisation and placement) or load
+                 (model.path: reading real weights) the model at the cell's precision.
+    inference    generate() with a fixed prompt and output length per batch size: tokens/s, time to
+                 first token, per-token latency.
+    consistency  the spread of result files from several nodes or GPUs against tolerances.
+    report       the sweep report of a sweep dir.
+
+hardware, loading and inference cells write metrics.json like training cells (cell.run), so they
+reach W&B and the sweep report the same way.
+"""
 
 from __future__ import annotations
 
-from omegaconf import DictConfig, OmegaConf
+import glob
+import json
+import statistics
+import time
+from pathlib import Path
 
+import torch
+from omegaconf import DictConfig, OmegaConf
+from tqdm.auto import tqdm
+
+from lorabench import cell, modeling
 from lorabench.config import BenchConfig, Suite
 from lorabench.report import write_report
 
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch.float32, "fp32": torch.float32}
 
-def run_suite(cfg: DictConfig) -> None:
+
+class Timer:
+    """Times a callable on `device`: CUDA events around each call on a GPU, perf_counter on a CPU.
+    Warmup calls first (kernel selection, allocator), then the median of `repeats` calls, in seconds."""
+
+    def __init__(self, device: torch.device, warmup: int, repeats: int):
+        self.device, self.warmup, self.repeats = device, warmup, repeats
+
+    def __call__(self, fn, setup=None) -> float:
+        times = []
+        for i in range(self.warmup + self.repeats):
+            args = setup() if setup else ()
+            if self.device.type == "cuda":
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn(*args)
+                end.record()
+                end.synchronize()
+                elapsed = start.elapsed_time(end) / 1e3
+            else:
+                t0 = time.perf_counter()
+                fn(*args)
+                elapsed = time.perf_counter() - t0
+            if i >= self.warmup:
+                times.append(elapsed)
+        return statistics.median(times)
+
+
+def fraction(measured: float, datasheet) -> float | None:
+    return measured / datasheet if datasheet else None
+
+
+def hardware(c: BenchConfig, run_dir: Path, result: dict, logger) -> dict:
+    device, gpu = cell.setup_device(c.device, c.gpu, result)
+    h = c.hardware
+    timer = Timer(device, h.warmup, h.repeats)
+    peaks = {"bf16": gpu.peak_bf16_tflops, "fp16": gpu.peak_bf16_tflops, "tf32": gpu.peak_tf32_tflops,
+             "fp32": gpu.peak_fp32_tflops}
+    out = {}
+    for dtype in tqdm(h.dtypes, desc="matmul", unit="dtype"):
+        if dtype not in DTYPES:
+            raise ValueError(f"hardware.dtypes: {dtype!r} is not one of {list(DTYPES)}")
+        # tf32 is fp32 storage on the tensor cores; fp32 keeps the plain fp32 units.
+        torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
+        for n in h.sizes:
+            a = torch.randn(n, n, device=device, dtype=DTYPES[dtype])
+            b = torch.randn(n, n, device=device, dtype=DTYPES[dtype])
+            s = timer(lambda: torch.mm(a, b))
+            tflops = 2 * n**3 / s / 1e12  # n^2 outputs, n multiply-adds each
+            out[f"hw/matmul_{dtype}_{n}_tflops"] = tflops
+            out[f"hw/matmul_{dtype}_{n}_of_peak"] = fraction(tflops, peaks[dtype])
+            del a, b
+        best = max(out[f"hw/matmul_{dtype}_{n}_tflops"] for n in h.sizes)
+        out[f"hw/matmul_{dtype}_best_tflops"], out[f"hw/matmul_{dtype}_best_of_peak"] = best, fraction(best, peaks[dtype])
+    torch.backends.cuda.matmul.allow_tf32 = False
+
+    # Device memory: a copy reads and writes every byte once.
+    nbytes = h.copy_mib * 2**20
+    src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    s = timer(lambda: dst.copy_(src))
+    out["hw/device_copy_gbs"] = 2 * nbytes / s / 1e9
+    out["hw/device_copy_of_peak"] = fraction(out["hw/device_copy_gbs"], gpu.memory_bandwidth_gbs)
+    del src, dst
+
+    if device.type == "cuda":  # the host link
+        nbytes = h.host_mib * 2**20
+        for pinned in (True, False):
+            host = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, pin_memory=pinned)
+            dev = torch.empty(nbytes, dtype=torch.uint8, device=device)
+            tag = "pinned" if pinned else "pageable"
+            out[f"hw/h2d_{tag}_gbs"] = nbytes / timer(lambda: dev.copy_(host, non_blocking=pinned)) / 1e9
+            out[f"hw/d2h_{tag}_gbs"] = nbytes / timer(lambda: host.copy_(dev, non_blocking=pinned)) / 1e9
+            for d in ("h2d", "d2h"):
+                out[f"hw/{d}_{tag}_of_peak"] = fraction(out[f"hw/{d}_{tag}_gbs"], gpu.host_link_gbs)
+            del host, dev
+    return out
+
+
+def loading(c: BenchConfig, run_dir: Path, result: dict, logger) -> dict:
+    device, gpu = cell.setup_device(c.device, c.gpu, result)
+    modeling.check_precision(c.precision.name, device)
+    torch.manual_seed(c.seed)
+    modeling.sync(device)
+    t0 = time.perf_counter()
+    model, weights = modeling.build_model(c, device)
+    modeling.sync(device)
+    seconds = time.perf_counter() - t0
+    result["model"] = {"name": c.model.name, "weights": weights}
+    out = {"load/seconds": seconds, "load/footprint_gib": model.get_memory_footprint() / 2**30}
+    if device.type == "cuda":
+        out["load/resident_gib"] = torch.cuda.memory_allocated(device) / 2**30  # what stays for training
+        out["load/peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30  # transient copies included
+    return out
+
+
+def inference(c: BenchConfig, run_dir: Path, result: dict, logger) -> dict:
+    device, gpu = cell.setup_device(c.device, c.gpu, result)
+    modeling.check_precision(c.precision.name, device)
+    torch.manual_seed(c.seed)
+    model, weights = modeling.build_model(c, device)
+    model.eval()
+    model.config.use_cache = True  # generation reuses past keys and values
+    result["model"] = {"name": c.model.name, "weights": weights}
+    inf = c.inference
+    timer = Timer(device, warmup=1, repeats=inf.repeats)
+    out = {}
+    for batch in tqdm(inf.batches, desc="generate", unit="batch size"):
+        def prompt():
+            return (torch.randint(1000, c.model.vocab_size, (batch, inf.prompt_len), device=device),)
+
+        def generate(ids, n):
+            # min_new_tokens = max_new_tokens: a fixed output length, whatever the tokens say.
+            model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                           do_sample=False, pad_token_id=0)
+
+        with torch.inference_mode():
+            first = timer(lambda ids: generate(ids, 1), prompt)  # prefill + the first token
+            full = timer(lambda ids: generate(ids, inf.new_tokens), prompt)
+        out[f"infer/b{batch}_tokens_per_s"] = batch * inf.new_tokens / full
+        out[f"infer/b{batch}_ttft_s"] = first
+        out[f"infer/b{batch}_per_token_ms"] = 1e3 * (full - first) / max(inf.new_tokens - 1, 1)
+    if device.type == "cuda":
+        out["mem/peak_allocated_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+    return out
+
+
+# ---------------------------------------------------------------------------- consistency
+
+def consistency(c: BenchConfig) -> tuple[list[dict], bool]:
+    """Rows of (metric, values, spread, tolerance, ok) over the given result files; all ok?"""
+    files = []
+    for pattern in c.consistency.inputs:
+        for match in sorted(glob.glob(pattern)):
+            f = Path(match) / "metrics.json" if Path(match).is_dir() else Path(match)
+            if f.is_file():
+                files.append(f)
+    if len(files) < 2:
+        raise ValueError(f"consistency.inputs={list(c.consistency.inputs)} matched {len(files)} result file(s); "
+                         "give at least two (a glob such as 'outputs/node*/metrics.json' or run dirs)")
+    results = [json.loads(f.read_text()) for f in files]
+    rows, all_ok = [], True
+    checks = [(k, tol, True) for k, tol in c.consistency.relative.items()]
+    checks += [(k, tol, False) for k, tol in c.consistency.absolute.items()]
+    for key, tol, relative in checks:
+        values = [r.get("metrics", {}).get(key) for r in results]
+        present = [v for v in values if v is not None]
+        if len(present) < 2:
+            rows.append({"metric": key, "values": values, "spread": None, "tolerance": tol, "ok": None})
+            continue
+        spread = max(present) - min(present)
+        if relative:
+            spread /= statistics.median(present)
+        ok = spread <= tol
+        all_ok &= ok
+        rows.append({"metric": key, "values": values, "spread": spread, "tolerance": tol, "ok": ok,
+                     "relative": relative})
+    return [{"files": [str(f) for f in files]}, *rows], all_ok
+
+
+def print_consistency(rows: list[dict]) -> None:
+    print("files:\n" + "\n".join(f"  {f}" for f in rows[0]["files"]))
+    print("| metric | values | spread | tolerance | verdict |\n|---|---|---|---|---|")
+    for r in rows[1:]:
+        unit = "%" if r.get("relative") else ""
+        scale = 100 if r.get("relative") else 1
+        spread = "-" if r["spread"] is None else f"{r['spread'] * scale:.2f}{unit}"
+        verdict = {True: "ok", False: "EXCEEDED", None: "not in two or more files"}[r["ok"]]
+        values = ", ".join("-" if v is None else f"{v:.4g}" for v in r["values"])
+        print(f"| {r['metric']} | {values} | {spread} | {r['tolerance'] * scale:g}{unit} | {verdict} |")
+
+
+MEASURED = {Suite.hardware: hardware, Suite.loading: loading, Suite.inference: inference}
+
+
+def run_suite(cfg: DictConfig) -> int:
+    """Runs the chosen suite; returns the process exit code."""
     c: BenchConfig = OmegaConf.to_object(cfg)
     if c.suite is Suite.report:
+        if not c.sweep_dir:
+            raise ValueError("suite=report needs sweep_dir=<a sweep dir under outputs/sweeps>")
         out = write_report(c.sweep_dir, c.report)
         print(out["markdown"])
         print("\nfiles:\n" + "\n".join(f"  {f}" for f in out["files"]))
+        return 0
+    if c.suite is Suite.consistency:
+        rows, ok = consistency(c)
+        print_consistency(rows)
+        return 0 if ok else 1
+    result = cell.run(cfg, MEASURED[c.suite], job_type=f"bench-{c.suite.value}")
+    return 0 if result["status"] == "ok" else 1

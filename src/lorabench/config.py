@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -193,13 +193,20 @@ class GpuConfig:
     name: str = MISSING
     match: List[str] = field(default_factory=list)  # substrings of torch.cuda.get_device_name()
     memory_gib: Optional[float] = None
-    peak_bf16_tflops: Optional[float] = None  # dense bf16 tensor-core peak, for MFU
+    # Datasheet figures: dense tensor-core peaks (bf16 for MFU; fp16 is the same on these parts),
+    # plain fp32, device memory bandwidth and the host link (PCIe, one direction), in GB/s.
+    peak_bf16_tflops: Optional[float] = None
+    peak_tf32_tflops: Optional[float] = None
+    peak_fp32_tflops: Optional[float] = None
+    memory_bandwidth_gbs: Optional[float] = None
+    host_link_gbs: Optional[float] = None
     price_per_hour: Optional[float] = None  # USD per GPU-hour, on demand
     spot_price_per_hour: Optional[float] = None
     pricing: Pricing = Pricing.on_demand
 
     def __post_init__(self) -> None:
-        for k in ("price_per_hour", "spot_price_per_hour", "memory_gib", "peak_bf16_tflops"):
+        for k in ("price_per_hour", "spot_price_per_hour", "memory_gib", "peak_bf16_tflops", "peak_tf32_tflops",
+                  "peak_fp32_tflops", "memory_bandwidth_gbs", "host_link_gbs"):
             v = getattr(self, k)
             if v is not None and v < 0:
                 raise ValueError(f"gpu.{k} must be >= 0, got {v!r}")
@@ -270,14 +277,56 @@ class Config:
 
 
 class Suite(Enum):
-    report = "report"
+    report = "report"  # the sweep report of a sweep dir
+    hardware = "hardware"  # matmul TFLOP/s, device memory and host link bandwidth
+    loading = "loading"  # time and memory to build or load the model at a precision
+    inference = "inference"  # generate() tokens/s, time to first token, per-token latency by batch
+    consistency = "consistency"  # spread of result files across nodes or GPUs against tolerances
+
+
+@dataclass
+class HardwareConfig:
+    sizes: List[int] = field(default_factory=lambda: [1024, 2048, 4096, 8192])  # square matmul sizes
+    dtypes: List[str] = field(default_factory=lambda: ["bf16", "fp16", "tf32", "fp32"])
+    copy_mib: int = 1024  # device-to-device copy size
+    host_mib: int = 256  # host<->device copy size
+    warmup: int = 3
+    repeats: int = 10  # timings per measurement; the median is reported
+
+
+@dataclass
+class InferenceConfig:
+    batches: List[int] = field(default_factory=lambda: [1, 8, 32])
+    prompt_len: int = 128  # random prompt tokens per sequence
+    new_tokens: int = 128  # generated per sequence (end-of-sequence ignored: fixed length)
+    repeats: int = 3
+
+
+@dataclass
+class ConsistencyConfig:
+    # Result files (globs) or run dirs from several nodes or GPUs, e.g. ["outputs/node*/metrics.json"].
+    inputs: List[str] = field(default_factory=list)
+    # Largest allowed (max - min) / median per metric (the seed's: 5% samples/s, 2% memory) ...
+    relative: Dict[str, float] = field(default_factory=lambda: {"perf/samples_per_s": 0.05,
+                                                                "mem/peak_reserved_gib": 0.02})
+    # ... and largest allowed max - min in the metric's own unit (the seed's: 10 degrees C).
+    absolute: Dict[str, float] = field(default_factory=lambda: {"gpu/temp_max_c": 10.0})
 
 
 @dataclass
 class BenchConfig:
     suite: Suite = Suite.report
-    sweep_dir: str = MISSING  # report: the sweep dir to tabulate
+    sweep_dir: Optional[str] = None  # report: the sweep dir to tabulate
+    model: ModelConfig = MISSING
+    precision: PrecisionConfig = MISSING
+    gpu: GpuConfig = MISSING
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    device: Device = Device.auto
+    seed: int = 0
     report: ReportConfig = field(default_factory=ReportConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    inference: InferenceConfig = field(default_factory=InferenceConfig)
+    consistency: ConsistencyConfig = field(default_factory=ConsistencyConfig)
 
 
 def register_configs() -> None:

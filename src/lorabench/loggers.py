@@ -25,13 +25,15 @@ class WandbLogger:
     """One W&B run per cell, grouped by sweep, always finished (also when the cell fails), so that
     cells of a multirun never merge into one run and a multirun never hangs."""
 
-    def __init__(self, cfg, name: str, group: str, config: dict, run_dir: str):
+    def __init__(self, cfg, name: str, group: str, config: dict, run_dir: str, job_type: str):
         import wandb
 
-        tags = [f"model={config['model']['name']}", f"precision={config['precision']['name']}",
-                f"data={config['data']['kind']}", f"seq_len={config['seq_len']}", f"batch={config['batch']}"]
+        picks = {"suite": config.get("suite"), "model": config.get("model", {}).get("name"),
+                 "precision": config.get("precision", {}).get("name"), "data": config.get("data", {}).get("kind"),
+                 "seq_len": config.get("seq_len"), "batch": config.get("batch")}
+        tags = [f"{k}={v}" for k, v in picks.items() if v is not None]
         # reinit="create_new": each cell is its own run even though a multirun keeps one process.
-        self.run = wandb.init(project=cfg.project, entity=cfg.entity, group=group, name=name, job_type=JOB_TYPE,
+        self.run = wandb.init(project=cfg.project, entity=cfg.entity, group=group, name=name, job_type=job_type,
                               tags=tags, config=config, dir=run_dir, mode=WandbMode(cfg.mode).value,
                               reinit="create_new")
         self.run.define_metric("step")
@@ -46,11 +48,11 @@ class WandbLogger:
         self.run.finish(exit_code=0 if result["status"] == "ok" else 1)
 
 
-def build_logger(cfg, name: str, group: str, config: dict, run_dir: str):
+def build_logger(cfg, name: str, group: str, config: dict, run_dir: str, job_type: str = JOB_TYPE):
     """cfg is the `logger` node (typed or not: this runs before the config is validated, so that a cell
     that fails validation still gets its W&B run with the reason)."""
     if LoggerKind(cfg.kind) is LoggerKind.wandb:
-        return WandbLogger(cfg, name, group, config, run_dir)
+        return WandbLogger(cfg, name, group, config, run_dir, job_type)
     return NullLogger()
 
 

@@ -34,14 +34,10 @@ from transformers import Trainer, TrainerCallback
 
 from lorabench.config import GpuConfig, Pricing
 from lorabench.data import REAL_TOKENS
+from lorabench.modeling import sync
 
 GIB = 2**30
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 class MeasuredTrainer(Trainer):

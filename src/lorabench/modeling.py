@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from lorabench.config import Config, LoraConfig, ModelConfig, OptimizerName, Precision
+from lorabench.config import Config, Device, LoraConfig, ModelConfig, OptimizerName, Precision
 
 # Precision -> dtype of the weights that stay unquantised (and of the 4/8-bit compute).
 WEIGHT_DTYPE = {
@@ -28,32 +28,41 @@ QUANTISED = (Precision.nf4, Precision.int8)
 BNB_OPTIMIZERS = (OptimizerName.paged_adamw_8bit, OptimizerName.adamw_8bit)
 
 
-def resolve_device(cfg: Config) -> torch.device:
-    want = cfg.train.device.value
+def resolve_device(device: Device) -> torch.device:
+    want = device.value
     if want == "auto":
         want = "cuda" if torch.cuda.is_available() else "cpu"
     if want == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("train.device=cuda but torch sees no CUDA device "
-                           f"(torch {torch.__version__}); use train.device=cpu or auto")
+        raise RuntimeError("device=cuda but torch sees no CUDA device "
+                           f"(torch {torch.__version__}); use device=cpu or auto")
     if want == "cuda":
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
     return torch.device("cpu")
 
 
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def check_precision(precision: Precision, device: torch.device) -> None:
+    if device.type == "cuda":
+        return
+    if precision in QUANTISED:
+        raise RuntimeError(f"precision={precision.value} needs a CUDA GPU: bitsandbytes' CPU path is a slow "
+                           "fallback whose numbers mean nothing for sizing a GPU. On CPU use "
+                           "precision=fp32 or precision=bf16.")
+    if precision is Precision.fp16:
+        raise RuntimeError("precision=fp16 needs a CUDA GPU (fp16 loss scaling is not supported on "
+                           "CPU); on CPU use precision=fp32 or precision=bf16.")
+
+
 def check_compatible(cfg: Config, device: torch.device) -> None:
     """Reject combinations that cannot run here, before any model is built."""
-    p = cfg.precision.name
-    if device.type != "cuda":
-        if p in QUANTISED:
-            raise RuntimeError(f"precision={p.value} needs a CUDA GPU: bitsandbytes' CPU path is a slow "
-                               "fallback whose numbers mean nothing for sizing a GPU. On CPU use "
-                               "precision=fp32 or precision=bf16.")
-        if p is Precision.fp16:
-            raise RuntimeError("precision=fp16 needs a CUDA GPU (fp16 loss scaling is not supported on "
-                               "CPU); on CPU use precision=fp32 or precision=bf16.")
-        if cfg.optimizer.name in BNB_OPTIMIZERS:
-            raise RuntimeError(f"optimizer={cfg.optimizer.name.value} is a bitsandbytes CUDA optimizer; "
-                               "on CPU use optimizer=adamw_torch, adamw_torch_fused or adafactor.")
+    check_precision(cfg.precision.name, device)
+    if device.type != "cuda" and cfg.optimizer.name in BNB_OPTIMIZERS:
+        raise RuntimeError(f"optimizer={cfg.optimizer.name.value} is a bitsandbytes CUDA optimizer; "
+                           "on CPU use optimizer=adamw_torch, adamw_torch_fused or adafactor.")
     if cfg.lora.r > cfg.model.hidden_size:
         raise ValueError(f"lora.r={cfg.lora.r} is larger than the model's hidden size "
                          f"({cfg.model.hidden_size}); a rank above it adds parameters and no capacity")

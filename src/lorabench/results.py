@@ -100,6 +100,14 @@ def row(result: dict, max_error: int | None = 80) -> dict:
     return out
 
 
+def summary_text(result: dict) -> str:
+    """What a finished cell prints: the table row of a training cell, else its metrics one a line."""
+    if "perf/tokens_per_s" in result.get("metrics", {}) or result.get("status") != "ok":
+        return markdown_table([result])
+    return "\n".join(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}"
+                     for k, v in result["metrics"].items() if v is not None)
+
+
 def markdown_table(results: list[dict]) -> str:
     rows = [row(r) for r in results]
     headers = [h for h, _, _ in COLUMNS]

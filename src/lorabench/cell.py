@@ -1,0 +1,112 @@
+"""The envelope of every cell, training or benchmark: config checks, device, the result file.
+
+A cell's result (metrics.json) holds its status (ok / oom / failed / interrupted) and error, its
+metrics, the resolved config, the device and GPU spec used for cost, and the environment.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import resource
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Callable
+
+import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from lorabench import modeling
+from lorabench.config import Device, GpuConfig
+from lorabench.loggers import NullLogger, build_logger
+from lorabench.metrics import device_name, memory_stats, resolve_gpu
+from lorabench.results import atomic_write_json, env_info, summary_text
+
+log = logging.getLogger(__name__)
+
+
+def setup_device(want: Device, gpu: GpuConfig, result: dict) -> tuple[torch.device, GpuConfig]:
+    """The device this cell runs on and the GPU spec (price, peaks) that goes with it."""
+    device = modeling.resolve_device(want)
+    result["device"] = str(device)
+    spec = resolve_gpu(gpu, device_name(device))
+    result["gpu"] = {k: getattr(spec, k) for k in ("name", "price_per_hour", "spot_price_per_hour",
+                                                    "peak_bf16_tflops")}
+    result["gpu"]["pricing"] = spec.pricing.value
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)  # an OOM's peak then belongs to this cell alone
+    return device, spec
+
+
+def cell_name() -> str:
+    """The cell's overrides as one string, e.g. "batch=8,seq_len=512" (empty for the defaults)."""
+    hc = HydraConfig.get()
+    return hc.job.override_dirname or "defaults"
+
+
+def run(cfg: DictConfig, measure: Callable, job_type: str = "train-cell") -> dict:
+    """Run `measure(typed_config, run_dir, result, logger) -> metrics` as one cell of a sweep.
+
+    Every outcome is a result: a cell that runs out of memory or raises writes metrics.json with
+    status "oom" or "failed" and the reason, and returns normally, so a multirun goes on to the
+    next cell (Hydra skips its end-of-sweep callbacks if any cell raises).
+    """
+    hc = HydraConfig.get()
+    run_dir = Path(hc.runtime.output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    result = {"status": "running", "cell": cell_name(), "job_num": hc.job.num if hc.mode == RunMode.MULTIRUN else 0,
+              "run_dir": str(run_dir), "config": OmegaConf.to_container(cfg, resolve=True), "metrics": {}}
+    logger = NullLogger()
+    t_start = time.perf_counter()
+    try:
+        # First the logger, so that a cell failing any check below still has its W&B run.
+        group = Path(hc.sweep.dir if hc.mode == RunMode.MULTIRUN else hc.run.dir).name
+        logger = build_logger(cfg.logger, name=result["cell"], group=group, config=result["config"],
+                              run_dir=str(run_dir), job_type=job_type)
+        # Range checks (__post_init__) run here; type errors were already caught at composition.
+        result["metrics"] = measure(OmegaConf.to_object(cfg), run_dir, result, logger)
+        result["status"] = "ok"
+    except torch.OutOfMemoryError as e:
+        result.update(status="oom", error=str(e).splitlines()[0])
+    except Exception as e:
+        result.update(status="failed", error=f"{type(e).__name__}: {e}")
+        (run_dir / "error.txt").write_text(traceback.format_exc())
+        log.error("cell failed: %s (traceback in %s)", result["error"], run_dir / "error.txt")
+    finally:
+        if result["status"] == "running":  # KeyboardInterrupt or SystemExit passing through
+            result.update(status="interrupted", error="interrupted before the cell finished")
+        device = torch.device(result["device"]) if "device" in result else None
+        if result["status"] != "ok":
+            # What was measured before the failure still tells something, e.g. the memory in
+            # use when an OOM hit, and how far the cell got.
+            result["metrics"].update(memory_stats(device) if device is not None else {})
+            steps = run_dir / "steps.jsonl"
+            if steps.exists():
+                result["metrics"]["count/steps_done"] = len(steps.read_text().splitlines())
+        # The process's largest resident set so far (in a multirun: over this and earlier cells).
+        result["metrics"]["host/process_max_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        result["time/total_s"] = time.perf_counter() - t_start
+        result["env"] = env_info(device)
+        atomic_write_json(run_dir / "metrics.json", result)
+        try:
+            logger.finish(result)
+        except Exception as e:  # a logger must never turn a measured cell into a lost one
+            log.warning("logger failed to finish: %s", e)
+        print(f"\n{summary_text(result)}\nresult: {run_dir / 'metrics.json'}", file=sys.stderr)
+        # The next cell of a multirun runs in this process; the model died with
+        # measure's frame, so its memory can go back now. One reference outlives it:
+        # for an 8-bit optimizer the HF Trainer registers every nn.Embedding with bitsandbytes'
+        # process-wide GlobalOptimManager, which would keep Mistral-7B's fp32 input embedding
+        # (32768 x 4096 x 4 B = 0.5 GiB) alive into every later cell (measured: +0.5 GiB peak per cell).
+        if "bitsandbytes" in sys.modules:
+            sys.modules["bitsandbytes"].optim.GlobalOptimManager.get_instance().initialize()
+        gc.collect()
+        if device is not None and device.type == "cuda":
+            torch.cuda.empty_cache()
+    return result
+
+

@@ -1,0 +1,103 @@
+"""bench.py's suites at tiny sizes on the CPU: sane numbers in the training cells' result format;
+the node-consistency check passes and fails on crafted result files."""
+
+import json
+import math
+
+import pytest
+from conftest import compose_cfg, read_result, requires_cuda, run_cli
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import open_dict
+
+from lorabench import cell
+from lorabench.bench import MEASURED, consistency
+from lorabench.config import Suite
+
+
+def run_bench(overrides, run_dir):
+    cfg = compose_cfg(overrides, config_name="bench", return_hydra_config=True)
+    with open_dict(cfg):
+        cfg.hydra.runtime.output_dir = str(run_dir)
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    suite = Suite(cfg.suite)
+    return cell.run(cfg, MEASURED[suite], job_type=f"bench-{suite.value}")
+
+
+def finite_positive(metrics, prefix):
+    values = {k: v for k, v in metrics.items() if k.startswith(prefix) and v is not None}
+    assert values and all(math.isfinite(v) and v > 0 for v in values.values()), values
+    return values
+
+
+def test_hardware_suite(tmp_path):
+    r = run_bench(["suite=hardware", "hardware.sizes=[64,128]", "hardware.copy_mib=8", "hardware.repeats=3"], tmp_path)
+    assert r["status"] == "ok", r.get("error")
+    m = finite_positive(read_result(tmp_path)["metrics"], "hw/")
+    for dtype in ("bf16", "fp16", "tf32", "fp32"):
+        assert m[f"hw/matmul_{dtype}_best_tflops"] == max(m[f"hw/matmul_{dtype}_{n}_tflops"] for n in (64, 128))
+    assert m["hw/device_copy_gbs"] > 0.1  # GB/s, bytes read plus written
+    assert r["metrics"]["hw/matmul_bf16_best_of_peak"] is None  # no datasheet for a CPU: no made-up fraction
+
+
+def test_loading_suite_measures_each_precision(tmp_path):
+    fp32 = run_bench(["suite=loading", "precision=fp32"], tmp_path / "fp32")
+    bf16 = run_bench(["suite=loading", "precision=bf16"], tmp_path / "bf16")
+    assert fp32["status"] == bf16["status"] == "ok" and fp32["model"]["weights"] == "random_init"
+    # half the bytes per weight (a few fp32 buffers, e.g. rotary frequencies, stay as they are)
+    assert bf16["metrics"]["load/footprint_gib"] == pytest.approx(fp32["metrics"]["load/footprint_gib"] / 2, rel=1e-3)
+    assert fp32["metrics"]["load/seconds"] > 0
+    nf4 = run_bench(["suite=loading", "precision=nf4"], tmp_path / "nf4")
+    assert nf4["status"] == "failed" and "needs a CUDA GPU" in nf4["error"]
+
+
+def test_inference_suite(tmp_path):
+    r = run_bench(["suite=inference", "inference.batches=[1,3]", "inference.prompt_len=8",
+                   "inference.new_tokens=6", "inference.repeats=2"], tmp_path)
+    assert r["status"] == "ok", r.get("error")
+    m = finite_positive(r["metrics"], "infer/")
+    for b in (1, 3):
+        # tokens/s, time to first token and per-token latency describe the same generate() calls
+        full_s = b * 6 / m[f"infer/b{b}_tokens_per_s"]
+        assert full_s > m[f"infer/b{b}_ttft_s"]
+        assert m[f"infer/b{b}_per_token_ms"] == pytest.approx(1e3 * (full_s - m[f"infer/b{b}_ttft_s"]) / 5)
+
+
+def write(tmp_path, name, samples_per_s, mem, temp):
+    d = tmp_path / name
+    d.mkdir()
+    (d / "metrics.json").write_text(json.dumps({"status": "ok", "metrics": {
+        "perf/samples_per_s": samples_per_s, "mem/peak_reserved_gib": mem, "gpu/temp_max_c": temp}}))
+    return d
+
+
+def test_consistency_passes_and_fails(tmp_path):
+    for i, (sps, temp) in enumerate([(1.46, 60), (1.47, 64), (1.45, 66)]):
+        write(tmp_path, f"node{i}", sps, 20.0, temp)
+    ok = run_cli("bench.py", ["suite=consistency", f"consistency.inputs=[{tmp_path}/node*/metrics.json]"])
+    assert ok.returncode == 0 and ok.stdout.count("| ok |") == 3
+    write(tmp_path, "node3", 1.30, 20.5, 79)  # slow, more memory, 19 degrees hotter
+    bad = run_cli("bench.py", ["suite=consistency", f"consistency.inputs=[{tmp_path}/node*]"], check=False)
+    assert bad.returncode == 1 and bad.stdout.count("EXCEEDED") == 3
+    cfg = compose_cfg(["suite=consistency", f"consistency.inputs=[{tmp_path}/node*]"], config_name="bench")
+    from omegaconf import OmegaConf
+
+    rows, all_ok = consistency(OmegaConf.to_object(cfg))
+    spread = {r["metric"]: r["spread"] for r in rows[1:]}
+    assert not all_ok and spread["perf/samples_per_s"] == pytest.approx((1.47 - 1.30) / 1.455)
+    assert spread["gpu/temp_max_c"] == 19
+
+
+def test_consistency_needs_two_files(tmp_path):
+    proc = run_cli("bench.py", ["suite=consistency", f"consistency.inputs=[{tmp_path}/none*]"], check=False)
+    assert proc.returncode != 0 and "matched 0 result file" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_hardware_fractions_on_a_gpu(tmp_path):
+    r = run_bench(["suite=hardware", "hardware.sizes=[4096]", "hardware.copy_mib=512"], tmp_path)
+    m = r["metrics"]
+    assert 0.2 < m["hw/matmul_bf16_best_of_peak"] < 1.2 and 0.3 < m["hw/device_copy_of_peak"] < 1.2
+    assert m["hw/h2d_pinned_gbs"] > m["hw/h2d_pageable_gbs"] * 0.8
