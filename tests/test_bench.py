@@ -72,26 +72,33 @@ def write(tmp_path, name, samples_per_s, mem, temp):
     return d
 
 
+def check(tmp_path, pattern):
+    from omegaconf import OmegaConf
+
+    cfg = compose_cfg(["suite=consistency", f"consistency.inputs=[{tmp_path}/{pattern}]"], config_name="bench")
+    return consistency(OmegaConf.to_object(cfg))
+
+
 def test_consistency_passes_and_fails(tmp_path):
     for i, (sps, temp) in enumerate([(1.46, 60), (1.47, 64), (1.45, 66)]):
         write(tmp_path, f"node{i}", sps, 20.0, temp)
-    ok = run_cli("bench.py", ["suite=consistency", f"consistency.inputs=[{tmp_path}/node*/metrics.json]"])
-    assert ok.returncode == 0 and ok.stdout.count("| ok |") == 3
+    rows, all_ok = check(tmp_path, "node*/metrics.json")
+    assert all_ok and [r["ok"] for r in rows[1:]] == [True, True, True] and len(rows[0]["files"]) == 3
     write(tmp_path, "node3", 1.30, 20.5, 79)  # slow, more memory, 19 degrees hotter
-    bad = run_cli("bench.py", ["suite=consistency", f"consistency.inputs=[{tmp_path}/node*]"], check=False)
-    assert bad.returncode == 1 and bad.stdout.count("EXCEEDED") == 3
-    cfg = compose_cfg(["suite=consistency", f"consistency.inputs=[{tmp_path}/node*]"], config_name="bench")
-    from omegaconf import OmegaConf
-
-    rows, all_ok = consistency(OmegaConf.to_object(cfg))
+    rows, all_ok = check(tmp_path, "node*")  # run dirs work as well as files
     spread = {r["metric"]: r["spread"] for r in rows[1:]}
-    assert not all_ok and spread["perf/samples_per_s"] == pytest.approx((1.47 - 1.30) / 1.455)
-    assert spread["gpu/temp_max_c"] == 19
+    assert not all_ok and [r["ok"] for r in rows[1:]] == [False, False, False]
+    assert spread["perf/samples_per_s"] == pytest.approx((1.47 - 1.30) / 1.455)  # (max - min) / median
+    assert spread["mem/peak_reserved_gib"] == pytest.approx(0.5 / 20.0) and spread["gpu/temp_max_c"] == 19
+    # the command exits non-zero when a tolerance is exceeded, and prints the verdicts
+    proc = run_cli("bench.py", ["suite=consistency", f"consistency.inputs=[{tmp_path}/node*]"], check=False)
+    assert proc.returncode == 1 and proc.stdout.count("EXCEEDED") == 3
 
 
 def test_consistency_needs_two_files(tmp_path):
-    proc = run_cli("bench.py", ["suite=consistency", f"consistency.inputs=[{tmp_path}/none*]"], check=False)
-    assert proc.returncode != 0 and "matched 0 result file" in proc.stderr and "Traceback" not in proc.stderr
+    write(tmp_path, "node0", 1.0, 1.0, 1)
+    with pytest.raises(ValueError, match="matched 1 result file"):
+        check(tmp_path, "node*")
 
 
 @pytest.mark.gpu

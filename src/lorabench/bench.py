@@ -136,6 +136,8 @@ def inference(c: BenchConfig, run_dir: Path, result: dict, logger) -> dict:
     model, weights = modeling.build_model(c, device)
     model.eval()
     model.config.use_cache = True  # generation reuses past keys and values
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)  # generation's peak, not the load's transient copies
     result["model"] = {"name": c.model.name, "weights": weights}
     inf = c.inference
     timer = Timer(device, warmup=1, repeats=inf.repeats)

@@ -9,12 +9,17 @@ quantised by the same code.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
 import torch
 
 from lorabench.config import Config, Device, LoraConfig, ModelConfig, OptimizerName, Precision
+
+# bitsandbytes warns at import that its optional CPU kernels are missing; lorabench never runs
+# bitsandbytes on a CPU (check_precision refuses it), so the warning is noise.
+logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
 # Precision -> dtype of the weights that stay unquantised (and of the 4/8-bit compute).
 WEIGHT_DTYPE = {

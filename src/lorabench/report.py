@@ -55,7 +55,7 @@ def label(result: dict, keys: list[str]) -> str:
 def knob_effects(results: list[dict], keys: list[str]) -> list[dict]:
     """For each swept key, the pairs of ok cells that differ in that key alone: the median change of
     non-pad tokens/s (as a ratio) and of peak reserved memory (GiB) from one value to the other."""
-    ok = [r for r in results if r.get("status") == "ok"]
+    ok = [r for r in results if r.get("status") == "ok" and "perf/tokens_per_s" in r.get("metrics", {})]
     flats = [flatten(r["config"]) for r in ok]
 
     def order(v):  # numbers ascending, anything else by its text
@@ -132,6 +132,8 @@ def make_plots(results: list[dict], keys: list[str], cfg: ReportConfig, out_dir:
         plt.close(fig)
         plots[name] = path
 
+    if not any("perf/tokens_per_s" in x for x in m):
+        return plots  # bench cells: their numbers are in the tables
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, height))
     _bars(a, names, [x.get("perf/tokens_per_s") for x in m], colors)
     a.set_xlabel("non-pad tokens/s")
@@ -204,7 +206,7 @@ def make_plots(results: list[dict], keys: list[str], cfg: ReportConfig, out_dir:
 
 
 def baseline(results: list[dict], cfg: ReportConfig) -> dict | None:
-    ok = [r for r in results if r.get("status") == "ok"]
+    ok = [r for r in results if r.get("status") == "ok" and "perf/tokens_per_s" in r.get("metrics", {})]
     if cfg.baseline is None:
         return ok[0] if ok else None
     for r in ok:

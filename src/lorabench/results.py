@@ -109,10 +109,23 @@ def summary_text(result: dict) -> str:
 
 
 def markdown_table(results: list[dict]) -> str:
+    """Training cells: the COLUMNS above. Bench cells (no tokens/s): every metric they recorded."""
+    if not any("perf/tokens_per_s" in r.get("metrics", {}) for r in results):
+        return metrics_table(results)
     rows = [row(r) for r in results]
     headers = [h for h, _, _ in COLUMNS]
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(r[h] for h in headers) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def metrics_table(results: list[dict]) -> str:
+    keys = [k for k in dict.fromkeys(k for r in results for k in r.get("metrics", {}))
+            if not k.startswith("host/") and any(r.get("metrics", {}).get(k) is not None for r in results)]
+    fmt = lambda v: "-" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))  # noqa: E731
+    lines = ["| metric | " + " | ".join(f"{r.get('cell')} ({r.get('status')})" for r in results) + " |",
+             "|" + "---|" * (len(results) + 1)]
+    lines += ["| " + k + " | " + " | ".join(fmt(r.get("metrics", {}).get(k)) for r in results) + " |" for k in keys]
     return "\n".join(lines)
 
 
