@@ -41,20 +41,21 @@ class Timer:
     def __init__(self, device: torch.device, warmup: int, repeats: int):
         self.device, self.warmup, self.repeats = device, warmup, repeats
 
-    def __call__(self, fn, setup=None) -> float:
+    def __call__(self, fn, *args, setup=None, **kwargs) -> float:
+        """fn(*args, **kwargs), or fn(*setup(), **kwargs) with fresh inputs from setup() each call."""
         times = []
         for i in range(self.warmup + self.repeats):
-            args = setup() if setup else ()
+            call_args = setup() if setup else args
             if self.device.type == "cuda":
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
-                fn(*args)
+                fn(*call_args, **kwargs)
                 end.record()
                 end.synchronize()
                 elapsed = start.elapsed_time(end) / 1e3
             else:
                 t0 = time.perf_counter()
-                fn(*args)
+                fn(*call_args, **kwargs)
                 elapsed = time.perf_counter() - t0
             if i >= self.warmup:
                 times.append(elapsed)
@@ -80,7 +81,7 @@ def hardware(c: BenchConfig, run_dir: Path, result: dict, logger) -> dict:
         for n in h.sizes:
             a = torch.randn(n, n, device=device, dtype=DTYPES[dtype])
             b = torch.randn(n, n, device=device, dtype=DTYPES[dtype])
-            s = timer(lambda: torch.mm(a, b))
+            s = timer(torch.mm, a, b)
             tflops = 2 * n**3 / s / 1e12  # n^2 outputs, n multiply-adds each
             out[f"hw/matmul_{dtype}_{n}_tflops"] = tflops
             out[f"hw/matmul_{dtype}_{n}_of_peak"] = fraction(tflops, peaks[dtype])
@@ -93,7 +94,7 @@ def hardware(c: BenchConfig, run_dir: Path, result: dict, logger) -> dict:
     nbytes = h.copy_mib * 2**20
     src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    s = timer(lambda: dst.copy_(src))
+    s = timer(dst.copy_, src)
     out["hw/device_copy_gbs"] = 2 * nbytes / s / 1e9
     out["hw/device_copy_of_peak"] = fraction(out["hw/device_copy_gbs"], gpu.memory_bandwidth_gbs)
     del src, dst
@@ -104,8 +105,8 @@ def hardware(c: BenchConfig, run_dir: Path, result: dict, logger) -> dict:
             host = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, pin_memory=pinned)
             dev = torch.empty(nbytes, dtype=torch.uint8, device=device)
             tag = "pinned" if pinned else "pageable"
-            out[f"hw/h2d_{tag}_gbs"] = nbytes / timer(lambda: dev.copy_(host, non_blocking=pinned)) / 1e9
-            out[f"hw/d2h_{tag}_gbs"] = nbytes / timer(lambda: host.copy_(dev, non_blocking=pinned)) / 1e9
+            out[f"hw/h2d_{tag}_gbs"] = nbytes / timer(dev.copy_, host, non_blocking=pinned) / 1e9
+            out[f"hw/d2h_{tag}_gbs"] = nbytes / timer(host.copy_, dev, non_blocking=pinned) / 1e9
             for d in ("h2d", "d2h"):
                 out[f"hw/{d}_{tag}_of_peak"] = fraction(out[f"hw/{d}_{tag}_gbs"], gpu.host_link_gbs)
             del host, dev
@@ -142,18 +143,18 @@ def inference(c: BenchConfig, run_dir: Path, result: dict, logger) -> dict:
     inf = c.inference
     timer = Timer(device, warmup=1, repeats=inf.repeats)
     out = {}
+    def generate(ids, n):
+        # min_new_tokens = max_new_tokens: a fixed output length, whatever the tokens say.
+        model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                       do_sample=False, pad_token_id=0)
+
     for batch in tqdm(inf.batches, desc="generate", unit="batch size"):
-        def prompt():
+        def prompt(batch=batch):  # fresh random prompt tokens for every call
             return (torch.randint(1000, c.model.vocab_size, (batch, inf.prompt_len), device=device),)
 
-        def generate(ids, n):
-            # min_new_tokens = max_new_tokens: a fixed output length, whatever the tokens say.
-            model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-                           do_sample=False, pad_token_id=0)
-
         with torch.inference_mode():
-            first = timer(lambda ids: generate(ids, 1), prompt)  # prefill + the first token
-            full = timer(lambda ids: generate(ids, inf.new_tokens), prompt)
+            first = timer(generate, setup=prompt, n=1)  # prefill + the first token
+            full = timer(generate, setup=prompt, n=inf.new_tokens)
         out[f"infer/b{batch}_tokens_per_s"] = batch * inf.new_tokens / full
         out[f"infer/b{batch}_ttft_s"] = first
         out[f"infer/b{batch}_per_token_ms"] = 1e3 * (full - first) / max(inf.new_tokens - 1, 1)

@@ -256,7 +256,7 @@ def tokenized_dataset(cfg: Config, tokenizer):
     cache = cache_dir / f"{cfg.data.kind.value}-{key}.arrow"
     meta = cache.with_suffix(".json")
     if cache.is_file() and meta.is_file():
-        log.info("data: tokens from cache %s", cache)
+        log.info("data: tokens from cache %s", str(cache).replace(str(Path.home()), "~", 1))
         return datasets.Dataset.from_file(str(cache)), {**json.loads(meta.read_text()), "data/cache_hit": True}
     records, stats = load_records(cfg)
     if not records:

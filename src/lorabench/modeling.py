@@ -218,7 +218,7 @@ def count_params(model) -> dict:
             continue
         if isinstance(mod, nn.Linear):  # bitsandbytes' Linear4bit/Linear8bitLt subclass it
             base_matmul += mod.in_features * mod.out_features
-    for name, p in model.named_parameters():
+    for p in model.parameters():
         if p.requires_grad:
             lora += p.numel()
     return {"base_matmul": base_matmul, "trainable": lora}
