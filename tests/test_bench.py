@@ -108,3 +108,20 @@ def test_hardware_fractions_on_a_gpu(tmp_path):
     m = r["metrics"]
     assert 0.2 < m["hw/matmul_bf16_best_of_peak"] < 1.2 and 0.3 < m["hw/device_copy_of_peak"] < 1.2
     assert m["hw/h2d_pinned_gbs"] > m["hw/h2d_pageable_gbs"] * 0.8
+
+
+def test_loading_reads_real_weights_from_a_local_path(tmp_path):
+    """model.path: a local directory of safetensors, loaded by the same builder as train.py."""
+    import torch
+    from omegaconf import OmegaConf
+    from transformers import AutoModelForCausalLM
+
+    from lorabench.modeling import mistral_config
+
+    torch.manual_seed(0)
+    saved = AutoModelForCausalLM.from_config(mistral_config(OmegaConf.to_object(compose_cfg()).model))
+    saved.save_pretrained(tmp_path / "ckpt", safe_serialization=True)
+    r = run_bench(["suite=loading", f"model.path={tmp_path / 'ckpt'}"], tmp_path / "run")
+    assert r["status"] == "ok" and r["model"]["weights"] == str(tmp_path / "ckpt")
+    missing = run_bench(["suite=loading", f"model.path={tmp_path / 'nope'}"], tmp_path / "run2")
+    assert missing["status"] == "failed" and "no such directory" in missing["error"]

@@ -196,3 +196,19 @@ def test_bad_data_fails_the_cell_before_the_model_is_built(tmp_path):
     result = run_in_process(["data=jsonl", f"data.path={bad}", *FAST], tmp_path / "run")
     assert result["status"] == "failed" and "model" not in result
     assert f"{bad}:2: conversation has no assistant turn" in result["error"]
+
+
+def test_training_from_a_local_checkpoint(tmp_path):
+    """model.path: the same cell trains from real weights on disk, and the result says so."""
+    from omegaconf import OmegaConf
+    from transformers import AutoModelForCausalLM
+
+    from conftest import compose_cfg
+    from lorabench.modeling import mistral_config
+
+    torch.manual_seed(1)
+    AutoModelForCausalLM.from_config(mistral_config(OmegaConf.to_object(compose_cfg()).model)).save_pretrained(
+        tmp_path / "ckpt", safe_serialization=True)
+    result = run_in_process([*FAST, f"model.path={tmp_path / 'ckpt'}"], tmp_path / "run")
+    assert result["status"] == "ok", result.get("error")
+    assert result["model"]["weights"] == str(tmp_path / "ckpt") and result["metrics"]["perf/tokens_per_s"] > 0
