@@ -118,3 +118,21 @@ def test_mistral_7b_architecture_matches_v0_3():
         model = AutoModelForCausalLM.from_config(hf)
     # Mistral-7B-v0.3's published parameter count: 7,248,023,552.
     assert sum(p.numel() for p in model.parameters()) == 7_248_023_552
+
+
+@pytest.mark.parametrize("cell", sorted(f.stem for f in (CONF / "diag").glob("*.yaml")))
+def test_every_diagnostic_cell_is_a_small_delta_on_the_baseline(cell):
+    base = OmegaConf.to_object(compose_cfg(["+experiment=diagnostic"]))
+    obj = OmegaConf.to_object(compose_cfg(["+experiment=diagnostic", f"diag={cell}"]))
+    changed = {k for k in ("seq_len", "batch") if getattr(obj, k) != getattr(base, k)}
+    changed |= {k for k in ("precision", "optimizer", "lora") if getattr(obj, k) != getattr(base, k)}
+    expected = {"baseline": set(), "adamw_torch": {"optimizer"}, "lora_r8": {"lora"}, "seq512": {"seq_len"},
+                "seq512_batch8": {"seq_len", "batch"}, "fp16": {"precision"}}[cell]
+    assert changed == expected
+
+
+def test_diagnostic_and_scaling_are_multiruns_over_the_seed_recipe():
+    for name, params in (("diagnostic", {"diag"}), ("scaling", {"seq_len", "batch"})):
+        cfg = compose_cfg([f"+experiment={name}"], return_hydra_config=True)
+        assert cfg.hydra.mode.name == "MULTIRUN" and set(cfg.hydra.sweeper.params) == params
+        assert cfg.precision.name.value == "nf4" and cfg.model.name == "mistral-7b-v0.3"

@@ -45,3 +45,14 @@ def test_consecutive_cells_do_not_accumulate_memory(tmp_path):
         r = run_in_process(["precision=nf4", "optimizer=paged_adamw_8bit", *FAST], tmp_path / str(i))
         assert r["status"] == "ok", r.get("error")
         assert torch.cuda.memory_allocated() - before < 1 * 2**20, f"cell {i} left memory allocated"
+
+
+def test_an_emulated_memory_budget_turns_a_cell_into_oom(tmp_path):
+    """gpu=a10 on a bigger GPU caps this process's memory; here at 10 MiB, which nothing fits in."""
+    r = run_in_process(["gpu=a10", "gpu.match=[no-such-gpu]", "gpu.memory_gib=0.01", *FAST], tmp_path / "oom")
+    assert r["status"] == "oom" and r["gpu"]["emulated"] == "a10" and r["metrics"]["mem/budget_gib"] == 0.01
+    assert r["gpu"]["name"] != "a10"  # priced as the real GPU
+    big = run_in_process(["gpu=a10", "gpu.match=[no-such-gpu]", "gpu.memory_gib=100000", *FAST], tmp_path / "big")
+    assert big["status"] == "failed" and "more than this device has" in big["error"]
+    ok = run_in_process(FAST, tmp_path / "after")  # the budget is lifted for the next cell
+    assert ok["status"] == "ok"

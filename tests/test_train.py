@@ -142,7 +142,8 @@ def test_out_of_memory_is_recorded_as_oom(tmp_path, monkeypatch):
 @pytest.mark.parametrize("overrides", [
     ["precision=bf16"], ["optimizer=adafactor"], ["optimizer=adamw_torch_fused"], ["lora=r8"], ["lora=all_linear"],
     ["train.gradient_checkpointing=true"], ["train.grad_accum=2"], ["optimizer.schedule=cosine", "optimizer.warmup_steps=2"],
-    ["data.padding=max_length", "seq_len=48"], ["gpu=a10", "gpu.pricing=spot"], ["data.num_workers=1"],
+    ["data.padding=max_length", "seq_len=48"], ["gpu=a10", "gpu.pricing=spot", "gpu.price_of_target=true"],
+    ["gpu=h100"], ["data.num_workers=1"],
 ], ids=lambda o: ",".join(o))
 def test_every_cpu_option_trains(tmp_path, overrides):
     result = run_in_process([*overrides, *FAST], tmp_path)
@@ -159,8 +160,10 @@ def test_every_cpu_option_trains(tmp_path, overrides):
         assert result["model"]["trainable"] == qkvo // 2
     else:
         assert result["model"]["trainable"] == qkvo
-    if "gpu=a10" in overrides:
+    if "gpu=a10" in overrides:  # priced as an A10 on spot, as asked
         assert result["gpu"]["name"] == "a10" and m["cost/usd_per_hour"] == 0.18
+    if "gpu=h100" in overrides:  # another GPU than this CPU: its price is not used, no budget on a CPU
+        assert result["gpu"]["name"] == "cpu" and result["gpu"]["emulated"] is None and "mem/budget_gib" not in m
     if "data.padding=max_length" in overrides:
         assert m["count/tokens_total"] == 48 * m["count/samples"]
 
@@ -212,3 +215,15 @@ def test_training_from_a_local_checkpoint(tmp_path):
     result = run_in_process([*FAST, f"model.path={tmp_path / 'ckpt'}"], tmp_path / "run")
     assert result["status"] == "ok", result.get("error")
     assert result["model"]["weights"] == str(tmp_path / "ckpt") and result["metrics"]["perf/tokens_per_s"] > 0
+
+
+def test_diagnostic_experiment_runs_its_six_cells(tmp_path):
+    run_cli("train.py", ["+experiment=diagnostic", "model=tiny", "data=tiny_instruct", "precision=fp32",
+                         "optimizer=adamw_torch", "train.gradient_checkpointing=false", *FAST,
+                         f"hydra.sweep.dir={tmp_path}"])
+    results = [read_result(tmp_path / str(i)) for i in range(6)]
+    assert [r["status"] for r in results] == ["ok"] * 6
+    assert [r["config"]["seq_len"] for r in results] == [1024, 1024, 1024, 512, 512, 1024]
+    assert [r["config"]["lora"]["r"] for r in results] == [16, 16, 8, 16, 16, 16]
+    md = (tmp_path / "results.md").read_text()  # one sentence per knob, a group's keys taken together
+    assert "lora alpha=16,r=8 -> alpha=32,r=16: non-pad tokens/s" in md and "batch 4 -> 8" in md

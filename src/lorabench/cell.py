@@ -7,6 +7,7 @@ metrics, the resolved config, the device and GPU spec used for cost, and the env
 from __future__ import annotations
 
 import gc
+import re
 import logging
 import resource
 import sys
@@ -30,15 +31,34 @@ log = logging.getLogger(__name__)
 
 
 def setup_device(want: Device, gpu: GpuConfig, result: dict) -> tuple[torch.device, GpuConfig]:
-    """The device this cell runs on and the GPU spec (price, peaks) that goes with it."""
+    """The device this cell runs on, the GPU spec that prices it (and gives its peak FLOP/s), and,
+    when the gpu option names another GPU than this one, that GPU's memory as this process's budget."""
     device = modeling.resolve_device(want)
     result["device"] = str(device)
-    spec = resolve_gpu(gpu, device_name(device))
+    here = device_name(device)
+    target = None  # the GPU emulated here, if any
+    if gpu.name == "auto":
+        spec = resolve_gpu(gpu, here)
+    elif any(re.search(p, here) for p in gpu.match) or gpu.price_of_target:
+        spec = gpu  # the option names this GPU (with any fields set on the command line), or asks for its price
+        target = None if any(re.search(p, here) for p in gpu.match) else gpu
+    else:
+        spec, target = resolve_gpu(GpuConfig(name="auto", pricing=gpu.pricing), here), gpu
     result["gpu"] = {k: getattr(spec, k) for k in ("name", "price_per_hour", "spot_price_per_hour",
                                                     "peak_bf16_tflops")}
-    result["gpu"]["pricing"] = spec.pricing.value
+    result["gpu"].update(pricing=spec.pricing.value, device_name=here)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)  # an OOM's peak then belongs to this cell alone
+        if target is not None and gpu.emulate_memory and gpu.memory_gib:
+            total = torch.cuda.get_device_properties(device).total_memory
+            if gpu.memory_gib * 2**30 > total:
+                raise ValueError(f"gpu={gpu.name}: its memory_gib={gpu.memory_gib} is more than this device has "
+                                 f"({here}, {total / 2**30:.1f} GiB); the budget cannot be emulated here")
+            # PyTorch's caching allocator refuses to reserve more than this fraction of the device.
+            torch.cuda.set_per_process_memory_fraction(gpu.memory_gib * 2**30 / total, device)
+            result["gpu"].update(emulated=gpu.name, budget_gib=gpu.memory_gib)
+    elif target is not None:
+        result["gpu"]["emulated"] = None  # a CPU has no device memory to cap: nothing emulated
     return device, spec
 
 
@@ -80,6 +100,8 @@ def run(cfg: DictConfig, measure: Callable, job_type: str = "train-cell") -> dic
         if result["status"] == "running":  # KeyboardInterrupt or SystemExit passing through
             result.update(status="interrupted", error="interrupted before the cell finished")
         device = torch.device(result["device"]) if "device" in result else None
+        if result.get("gpu", {}).get("budget_gib"):
+            result["metrics"]["mem/budget_gib"] = result["gpu"]["budget_gib"]
         if result["status"] != "ok":
             # What was measured before the failure still tells something, e.g. the memory in
             # use when an OOM hit, and how far the cell got.
@@ -107,6 +129,7 @@ def run(cfg: DictConfig, measure: Callable, job_type: str = "train-cell") -> dic
         gc.collect()
         if device is not None and device.type == "cuda":
             torch.cuda.empty_cache()
+            torch.cuda.set_per_process_memory_fraction(1.0, device)  # lift an emulated budget
     return result
 
 

@@ -203,6 +203,11 @@ class GpuConfig:
     price_per_hour: Optional[float] = None  # USD per GPU-hour, on demand
     spot_price_per_hour: Optional[float] = None
     pricing: Pricing = Pricing.on_demand
+    # Choosing another GPU than the one the cell runs on (gpu=a10 on an H100) emulates its memory:
+    # this process may then use only memory_gib, so what would not fit on that GPU runs out of
+    # memory here too. Cost and MFU stay the real GPU's unless price_of_target=true.
+    emulate_memory: bool = True
+    price_of_target: bool = False
 
     def __post_init__(self) -> None:
         for k in ("price_per_hour", "spot_price_per_hour", "memory_gib", "peak_bf16_tflops", "peak_tf32_tflops",

@@ -65,14 +65,19 @@ def knob_effects(results: list[dict], keys: list[str]) -> list[dict]:
     for i in range(len(ok)):
         for j in range(i + 1, len(ok)):
             diff = [k for k in keys if flats[i].get(k) != flats[j].get(k)]
-            if len(diff) != 1:
+            # One knob: one key, or several keys of one group changed together (lora=r8: r and alpha).
+            if not diff or len({k.split(".")[0] for k in diff}) != 1:
                 continue
-            k = diff[0]
-            lo, hi = (i, j) if order(flats[i].get(k)) <= order(flats[j].get(k)) else (j, i)
+            k = diff[0] if len(diff) == 1 else diff[0].split(".")[0]
+
+            def value(f):
+                return f.get(k) if len(diff) == 1 else ",".join(f"{d.split('.', 1)[1]}={f.get(d)}" for d in diff)
+
+            lo, hi = (i, j) if order(value(flats[i])) <= order(value(flats[j])) else (j, i)
             ma, mb = ok[lo]["metrics"], ok[hi]["metrics"]
             tok = mb["perf/tokens_per_s"] / ma["perf/tokens_per_s"]
             mem = mb.get("mem/peak_reserved_gib", math.nan) - ma.get("mem/peak_reserved_gib", math.nan)
-            effects[(k, flats[lo].get(k), flats[hi].get(k))].append((tok, mem))
+            effects[(k, value(flats[lo]), value(flats[hi]))].append((tok, mem))
     out = []
     for (k, va, vb), pairs in effects.items():
         tok = median(p[0] for p in pairs)

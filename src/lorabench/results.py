@@ -102,7 +102,7 @@ def row(result: dict, max_error: int | None = 80) -> dict:
 
 def summary_text(result: dict) -> str:
     """What a finished cell prints: the table row of a training cell, else its metrics one a line."""
-    if "perf/tokens_per_s" in result.get("metrics", {}) or result.get("status") != "ok":
+    if "train" in result.get("config", {}) or result.get("status") != "ok":
         return markdown_table([result])
     return "\n".join(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}"
                      for k, v in result["metrics"].items() if v is not None)
@@ -110,7 +110,7 @@ def summary_text(result: dict) -> str:
 
 def markdown_table(results: list[dict]) -> str:
     """Training cells: the COLUMNS above. Bench cells (no tokens/s): every metric they recorded."""
-    if not any("perf/tokens_per_s" in r.get("metrics", {}) for r in results):
+    if not any("train" in r.get("config", {}) for r in results):
         return metrics_table(results)
     rows = [row(r) for r in results]
     headers = [h for h, _, _ in COLUMNS]
