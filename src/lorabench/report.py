@@ -70,7 +70,7 @@ def knob_effects(results: list[dict], keys: list[str]) -> list[dict]:
                 continue
             k = diff[0] if len(diff) == 1 else diff[0].split(".")[0]
 
-            def value(f):
+            def value(f, k=k, diff=diff):
                 return f.get(k) if len(diff) == 1 else ",".join(f"{d.split('.', 1)[1]}={f.get(d)}" for d in diff)
 
             lo, hi = (i, j) if order(value(flats[i])) <= order(value(flats[j])) else (j, i)
