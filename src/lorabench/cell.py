@@ -79,7 +79,8 @@ def run(cfg: DictConfig, measure: Callable, job_type: str = "train-cell") -> dic
     run_dir = Path(hc.runtime.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     result = {"status": "running", "cell": cell_name(), "job_num": hc.job.num if hc.mode == RunMode.MULTIRUN else 0,
-              "run_dir": str(run_dir), "config": OmegaConf.to_container(cfg, resolve=True), "metrics": {}}
+              "run_dir": str(run_dir), "metrics": {},
+              "config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)}
     logger = NullLogger()
     t_start = time.perf_counter()
     try:
