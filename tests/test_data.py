@@ -12,6 +12,14 @@ from lorabench import data
 from lorabench.modeling import build_tokenizer
 
 
+def tokenize_chat(tokenizer, prompt, answer, seq_len):
+    """One user/assistant exchange as the data pipeline renders it (loss on the answer only)."""
+    messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]
+    out = data.tokenize_record(tokenizer, {"messages": messages}, seq_len, assistant_only=True)
+    out.pop("n_tokens")
+    return out
+
+
 @pytest.fixture(scope="module")
 def cfg():
     return OmegaConf.to_object(compose_cfg())
@@ -32,7 +40,7 @@ def test_tokenizer_is_the_real_mistral_v3(tok):
 
 
 def test_chat_format_and_answer_only_labels(tok):
-    sample = data.tokenize_chat(tok, "What is 7 plus 5?", "7 plus 5 is 12.", seq_len=1024)
+    sample = tokenize_chat(tok, "What is 7 plus 5?", "7 plus 5 is 12.", seq_len=1024)
     ids, labels = sample["input_ids"], sample["labels"]
     assert tok.convert_ids_to_tokens(ids[:2]) == ["<s>", "[INST]"] and ids[-1] == 2  # ... </s>
     inst_end = ids.index(4)  # [/INST]
@@ -42,7 +50,7 @@ def test_chat_format_and_answer_only_labels(tok):
 
 
 def test_truncation_to_seq_len(tok):
-    sample = data.tokenize_chat(tok, "What is 7 plus 5?", "7 plus 5 is 12.", seq_len=8)
+    sample = tokenize_chat(tok, "What is 7 plus 5?", "7 plus 5 is 12.", seq_len=8)
     assert len(sample["input_ids"]) == len(sample["labels"]) == 8
 
 
@@ -65,8 +73,8 @@ def test_synthetic_rows_are_fixed_length_and_reproducible():
 @pytest.mark.parametrize("padding,width", [("longest", None), ("max_length", 64)])
 def test_collator_pads_right_and_masks_padding(cfg, tok, padding, width):
     c = OmegaConf.to_object(compose_cfg([f"data.padding={padding}", "seq_len=64"]))
-    batch = data.build_collator(c, tok)([data.tokenize_chat(tok, "What is 1 plus 1?", "1 plus 1 is 2.", 64),
-                                          data.tokenize_chat(tok, "What is 10 times 12?", "10 times 12 is 120.", 64)])
+    batch = data.build_collator(c, tok)([tokenize_chat(tok, "What is 1 plus 1?", "1 plus 1 is 2.", 64),
+                                          tokenize_chat(tok, "What is 10 times 12?", "10 times 12 is 120.", 64)])
     lengths = batch["attention_mask"].sum(1)
     assert batch["input_ids"].shape[1] == (width or int(lengths.max()))
     assert lengths[0] < lengths[1]

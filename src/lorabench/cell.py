@@ -36,14 +36,13 @@ def setup_device(want: Device, gpu: GpuConfig, result: dict) -> tuple[torch.devi
     device = modeling.resolve_device(want)
     result["device"] = str(device)
     here = device_name(device)
-    target = None  # the GPU emulated here, if any
     if gpu.name == "auto":
-        spec = resolve_gpu(gpu, here)
-    elif any(re.search(p, here) for p in gpu.match) or gpu.price_of_target:
-        spec = gpu  # the option names this GPU (with any fields set on the command line), or asks for its price
-        target = None if any(re.search(p, here) for p in gpu.match) else gpu
-    else:
-        spec, target = resolve_gpu(GpuConfig(name="auto", pricing=gpu.pricing), here), gpu
+        spec, target = resolve_gpu(gpu, here), None
+    elif any(re.search(p, here) for p in gpu.match):
+        spec, target = gpu, None  # the option names this GPU (with any fields set on the command line)
+    else:  # another GPU: emulated here (target), priced as this one unless asked otherwise
+        real = resolve_gpu(GpuConfig(name="auto", pricing=gpu.pricing), here)
+        spec, target = (gpu if gpu.price_of_target else real), gpu
     result["gpu"] = {k: getattr(spec, k) for k in ("name", "price_per_hour", "spot_price_per_hour",
                                                     "peak_bf16_tflops")}
     result["gpu"].update(pricing=spec.pricing.value, device_name=here)

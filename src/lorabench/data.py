@@ -201,14 +201,6 @@ def tokenize_record(tokenizer, record: dict, seq_len: int, assistant_only: bool)
     return {"input_ids": ids[:seq_len], "labels": labels[:seq_len], "n_tokens": len(ids)}
 
 
-def tokenize_chat(tokenizer, prompt: str, answer: str, seq_len: int) -> dict:
-    """One user/assistant exchange, loss on the answer only."""
-    messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]
-    out = tokenize_record(tokenizer, {"messages": messages}, seq_len, assistant_only=True)
-    out.pop("n_tokens")
-    return out
-
-
 def source_identity(cfg: Config) -> dict:
     """What the cached tokens depend on: a changed file, tokenizer or setting gives a new cache file."""
     d = cfg.data

@@ -121,7 +121,8 @@ def _bars(ax, names, values, colors, fmt="{:,.0f}"):
     ax.set_xlim(lo - 0.2 * (hi - lo) if lo < 0 else 0, hi + 0.2 * (hi - lo) or 1)  # room for the labels
 
 
-def make_plots(results: list[dict], keys: list[str], cfg: ReportConfig, out_dir: Path) -> dict[str, Path]:
+def make_plots(results: list[dict], keys: list[str], effects: list[dict], cfg: ReportConfig,
+               out_dir: Path) -> dict[str, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     names = [label(r, keys) for r in results]
     colors = [STATUS_COLOR.get(r.get("status"), "#8c8c8c") for r in results]
@@ -194,7 +195,6 @@ def make_plots(results: list[dict], keys: list[str], cfg: ReportConfig, out_dir:
         b.set_xlabel(f"USD for {cfg.dataset_samples:,} samples")
         save(fig, "projection", f"Time and cost projected for {cfg.dataset_samples:,} samples")
 
-    effects = knob_effects(results, keys)
     if effects:
         names_e = [f"{e['key']}: {e['from']} -> {e['to']}" for e in effects]
         fig, (a, b) = plt.subplots(1, 2, figsize=(11, 1.2 + 0.4 * len(effects)))
@@ -224,7 +224,7 @@ def baseline(results: list[dict], cfg: ReportConfig) -> dict | None:
 # ---------------------------------------------------------------------------- the files
 
 def write_report(sweep_dir: Path, cfg: ReportConfig | None = None) -> dict:
-    """Every file of the report; returns {"markdown": ..., "files": [...]}."""
+    """Every file of the report; returns {"markdown", "files", "results", "keys"}."""
     cfg = cfg or ReportConfig()
     sweep_dir = Path(sweep_dir)
     if not sweep_dir.is_dir():
@@ -248,11 +248,11 @@ def write_report(sweep_dir: Path, cfg: ReportConfig | None = None) -> dict:
         md += "\n\nKnob effects:\n" + "\n".join(f"- {sentence(e)}" for e in effects)
     (sweep_dir / "results.md").write_text(md + "\n")
     write_csv(results, sweep_dir / "results.csv")
-    plots = make_plots(results, keys, cfg, sweep_dir / "plots") if results else {}
+    plots = make_plots(results, keys, effects, cfg, sweep_dir / "plots") if results else {}
     page = sweep_dir / "report.html"
     page.write_text(render_html(sweep_dir, results, keys, notes, effects, plots, cfg))
     files = [sweep_dir / "results.md", sweep_dir / "results.csv", page, *plots.values()]
-    return {"markdown": md, "files": files}
+    return {"markdown": md, "files": files, "results": results, "keys": keys}
 
 
 def render_html(sweep_dir, results, keys, notes, effects, plots, cfg) -> str:

@@ -162,12 +162,11 @@ class SweepSummary(Callback):
 
         from lorabench.config import LoggerKind, ReportConfig
         from lorabench.loggers import publish_aggregate
-        from lorabench.report import swept_keys, write_report
+        from lorabench.report import write_report
 
         sweep_dir = Path(config.hydra.sweep.dir)
         report_cfg = OmegaConf.to_object(config.report) if "report" in config else ReportConfig()
         out = write_report(sweep_dir, report_cfg)
         print(f"\nSweep {sweep_dir}:\n{out['markdown']}\n\nReport: {sweep_dir / 'report.html'}")
         if "logger" in config and LoggerKind(config.logger.kind) is LoggerKind.wandb:
-            results, _ = load_results(sweep_dir)
-            publish_aggregate(config.logger, sweep_dir.name, results, swept_keys(results), str(sweep_dir))
+            publish_aggregate(config.logger, sweep_dir.name, out["results"], out["keys"], str(sweep_dir))
