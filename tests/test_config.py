@@ -133,7 +133,8 @@ def test_every_diagnostic_cell_is_a_small_delta_on_the_baseline(cell):
 
 
 def test_diagnostic_and_scaling_are_multiruns_over_the_seed_recipe():
-    for name, params in (("diagnostic", {"diag"}), ("scaling", {"seq_len", "batch"})):
+    for name, params in (("diagnostic", {"diag"}), ("scaling", {"seq_len", "batch"}),
+                         ("gpu_sizing", {"seq_len", "batch"})):
         cfg = compose_cfg([f"+experiment={name}"], return_hydra_config=True)
         assert cfg.hydra.mode.name == "MULTIRUN" and set(cfg.hydra.sweeper.params) == params
         assert cfg.precision.name.value == "nf4" and cfg.model.name == "mistral-7b-v0.3"

@@ -56,3 +56,33 @@ def test_an_emulated_memory_budget_turns_a_cell_into_oom(tmp_path):
     assert big["status"] == "failed" and "more than this device has" in big["error"]
     ok = run_in_process(FAST, tmp_path / "after")  # the budget is lifted for the next cell
     assert ok["status"] == "ok"
+
+
+def test_sizing_sweep_on_cuda_finds_the_largest_batch(tmp_path):
+    """A real OOM within a 1 GiB budget: fp32 logits of batch 64 x 1024 tokens x 32768 vocab are
+    8 GiB; batch 1 fits; batch 128 is then skipped without a model load."""
+    from conftest import run_cli
+
+    run_cli("train.py", ["+experiment=gpu_sizing", "model=tiny", "precision=fp32", "optimizer=adamw_torch",
+                         "data=synthetic", "data.max_samples=512", "train.gradient_checkpointing=false",
+                         "gpu=a10", "gpu.match=[no-such-gpu]", "gpu.memory_gib=1", "seq_len=1024",
+                         "batch=1,64,128", f"hydra.sweep.dir={tmp_path}"])
+    status = [read_result(tmp_path / str(i))["status"] for i in range(3)]
+    assert status == ["ok", "oom", "skipped"]
+    assert "| 1024 | 1 |" in (tmp_path / "results.md").read_text()
+
+
+def test_profile_on_cuda_attributes_kernels(tmp_path):
+    """nf4 on the GPU: the breakdown sees matmuls, attention and bitsandbytes' dequantisation, and
+    adds up to the meter's step time (tolerance as in the CPU test)."""
+    from lorabench.profile import CATEGORIES
+
+    r = run_in_process(["precision=nf4", "optimizer=paged_adamw_8bit", "train.gradient_checkpointing=true",
+                        "train.max_steps=8", "train.timing_warmup_steps=2", "train.profile_steps=3",
+                        "data.max_samples=64"], tmp_path)
+    assert r["status"] == "ok", r.get("error")
+    m = r["metrics"]
+    assert sum(m[f"prof/{c}_ms"] for c in CATEGORIES) == pytest.approx(m["prof/step_ms"], rel=1e-9)
+    assert abs(m["prof/step_ms"] - m["prof/measured_step_ms"]) <= 0.05 * m["prof/measured_step_ms"] + 2.0
+    for c in ("matmul", "dequant", "attention", "elementwise", "loss", "optimizer"):
+        assert m[f"prof/{c}_ms"] > 0, c

@@ -1,11 +1,15 @@
 """End to end on the CPU with the tiny Mistral: the default task learns, results hold the right
 numbers, the card's multirun leaves one result per cell, and failed cells are recorded."""
 
+import json
 import math
+import shutil
 
 import pytest
 import torch
 from conftest import FAST, read_result, read_steps, run_cli, run_in_process
+
+from lorabench.report import write_report
 
 
 @pytest.fixture(scope="module")
@@ -220,10 +224,56 @@ def test_training_from_a_local_checkpoint(tmp_path):
 def test_diagnostic_experiment_runs_its_six_cells(tmp_path):
     run_cli("train.py", ["+experiment=diagnostic", "model=tiny", "data=tiny_instruct", "precision=fp32",
                          "optimizer=adamw_torch", "train.gradient_checkpointing=false", *FAST,
-                         f"hydra.sweep.dir={tmp_path}"])
+                         "train.profile_steps=1", f"hydra.sweep.dir={tmp_path}"])
     results = [read_result(tmp_path / str(i)) for i in range(6)]
     assert [r["status"] for r in results] == ["ok"] * 6
     assert [r["config"]["seq_len"] for r in results] == [1024, 1024, 1024, 512, 512, 1024]
     assert [r["config"]["lora"]["r"] for r in results] == [16, 16, 8, 16, 16, 16]
     md = (tmp_path / "results.md").read_text()  # one sentence per knob, a group's keys taken together
     assert "lora alpha=16,r=8 -> alpha=32,r=16: non-pad tokens/s" in md and "batch 4 -> 8" in md
+    # The opt-in bottleneck breakdown of every cell: its table row and a bar in the plot.
+    assert "Where the step time goes" in md
+    assert all(r["metrics"]["prof/steps"] == 1 for r in results)
+    assert (tmp_path / "plots" / "bottleneck.png").stat().st_size > 0
+    assert "Where the step time goes" in (tmp_path / "report.html").read_text()
+
+
+def test_sizing_skips_cells_larger_than_one_that_ran_out_of_memory(tmp_path):
+    """In a multirun, a cell whose seq_len and batch are both no smaller than those of an OOM cell
+    with the same configuration is skipped without a model load; others run. (A CPU cannot run out
+    of device memory: cell 0's OOM result is planted; the GPU test makes a real one.)"""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from omegaconf import open_dict
+
+    from conftest import compose_cfg
+    from lorabench.train import run_cell
+
+    def cell(num, seq_len, batch, extra=()):
+        cfg = compose_cfg(["+experiment=gpu_sizing", "model=tiny", "precision=fp32", "optimizer=adamw_torch",
+                           "data=synthetic", "data.max_samples=32", "train.gradient_checkpointing=false",
+                           f"seq_len={seq_len}", f"batch={batch}", *extra], return_hydra_config=True)
+        with open_dict(cfg):
+            cfg.hydra.runtime.output_dir = str(tmp_path / str(num))
+            cfg.hydra.job.num = num
+            cfg.hydra.mode = RunMode.MULTIRUN
+        (tmp_path / str(num) / ".hydra").mkdir(parents=True)
+        HydraConfig.instance().set_config(cfg)
+        with open_dict(cfg):
+            del cfg["hydra"]
+        return run_cell(cfg)
+
+    planted = cell(0, 64, 2)
+    assert planted["status"] == "ok"
+    planted.update(status="oom", error="CUDA out of memory (planted)")
+    (tmp_path / "0" / "metrics.json").write_text(json.dumps(planted))
+
+    bigger = cell(1, 128, 2)
+    assert bigger["status"] == "skipped" and "cell 0" in bigger["error"] and "model" not in bigger
+    assert cell(2, 64, 4)["status"] == "skipped"
+    assert cell(3, 32, 4)["status"] == "ok"  # shorter: not implied
+    assert cell(4, 128, 4, ["lora=r8"])["status"] == "ok"  # another configuration: not implied
+    shutil.rmtree(tmp_path / "4")  # the fit table is for sweeps over seq_len and batch alone
+    md = write_report(tmp_path)["markdown"]
+    assert "| 64 | none | - | - | 2 |" in md and "| 32 | 4 |" in md
+    assert (tmp_path / "plots" / "fit.png").stat().st_size > 0

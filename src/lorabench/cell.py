@@ -25,7 +25,7 @@ from lorabench import modeling
 from lorabench.config import Device, GpuConfig
 from lorabench.loggers import NullLogger, build_logger
 from lorabench.metrics import device_name, memory_stats, resolve_gpu
-from lorabench.results import atomic_write_json, env_info, summary_text
+from lorabench.results import atomic_write_json, env_info, flatten, load_results, summary_text
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,29 @@ def setup_device(want: Device, gpu: GpuConfig, result: dict) -> tuple[torch.devi
     return device, spec
 
 
+class CellSkipped(Exception):
+    """Raised by a cell that need not run; its result gets status "skipped" and this reason."""
+
+
+SHAPE_KEYS = ("seq_len", "batch")
+
+
+def smaller_oom(config: dict, run_dir: Path) -> dict | None:
+    """In a multirun, a finished sibling cell that ran out of memory with the same configuration
+    except a seq_len and batch each no larger than this cell's: then this one cannot fit either
+    (activation memory grows with both), and a sizing sweep need not spend a model load on it."""
+    if HydraConfig.get().mode != RunMode.MULTIRUN:
+        return None
+    mine = flatten(config)
+    rest = {k: v for k, v in mine.items() if k not in SHAPE_KEYS}
+    for r in load_results(run_dir.parent)[0]:
+        other = flatten(r.get("config", {}))
+        if (r.get("status") == "oom" and {k: v for k, v in other.items() if k not in SHAPE_KEYS} == rest
+                and all(other.get(k, 0) <= mine[k] for k in SHAPE_KEYS)):
+            return r
+    return None
+
+
 def cell_name() -> str:
     """The cell's overrides as one string, e.g. "batch=8,seq_len=512" (empty for the defaults)."""
     hc = HydraConfig.get()
@@ -92,6 +115,8 @@ def run(cfg: DictConfig, measure: Callable, job_type: str = "train-cell") -> dic
         result["status"] = "ok"
     except torch.OutOfMemoryError as e:
         result.update(status="oom", error=str(e).splitlines()[0])
+    except CellSkipped as e:
+        result.update(status="skipped", error=str(e))
     except Exception as e:
         result.update(status="failed", error=f"{type(e).__name__}: {e}")
         (run_dir / "error.txt").write_text(traceback.format_exc())

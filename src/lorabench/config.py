@@ -247,6 +247,12 @@ class TrainConfig:
     # Steps excluded from every timing, memory and utilisation figure: CUDA context, kernel
     # autotuning, allocator growth and optimizer-state creation all happen in the first steps.
     timing_warmup_steps: int = 5
+    # Steps profiled with torch.profiler right after the warmup (0 = off); not timed. The cell's
+    # result then holds the share of step time in matmul, dequant, attention, ... (lorabench.profile).
+    profile_steps: int = 0
+    # In a multirun, skip (status "skipped") a cell when a cell with the same configuration and no
+    # larger seq_len and batch already ran out of memory: it cannot fit either. For sizing sweeps.
+    skip_if_smaller_oom: bool = False
     grad_accum: int = 1
     gradient_checkpointing: bool = False
     seed: int = 0
@@ -258,6 +264,10 @@ class TrainConfig:
         if not 0 <= self.timing_warmup_steps < self.max_steps:
             raise ValueError(f"train.timing_warmup_steps must be in [0, train.max_steps={self.max_steps}), "
                              f"got {self.timing_warmup_steps}: no step would be timed")
+        if not 0 <= self.profile_steps < self.max_steps - self.timing_warmup_steps:
+            raise ValueError(f"train.profile_steps must be in [0, train.max_steps - train.timing_warmup_steps = "
+                             f"{self.max_steps - self.timing_warmup_steps}), got {self.profile_steps}: "
+                             "profiled steps are not timed, so no step would be")
 
 
 @dataclass

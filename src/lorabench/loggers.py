@@ -45,7 +45,7 @@ class WandbLogger:
 
     def finish(self, result: dict) -> None:
         self.run.summary.update({"status": result["status"], "error": result.get("error"), **result["metrics"]})
-        self.run.finish(exit_code=0 if result["status"] == "ok" else 1)
+        self.run.finish(exit_code=0 if result["status"] in ("ok", "skipped") else 1)
 
 
 def build_logger(cfg, name: str, group: str, config: dict, run_dir: str, job_type: str = JOB_TYPE):
@@ -60,7 +60,7 @@ def build_logger(cfg, name: str, group: str, config: dict, run_dir: str, job_typ
 
 def aggregate_rows(results: list[dict], keys: list[str]) -> tuple[list[str], list[list]]:
     """The sweep's table for W&B: one row per cell, swept keys then status and headline metrics."""
-    from lorabench.report import flatten
+    from lorabench.results import flatten
 
     metrics = ["perf/tokens_per_s", "perf/samples_per_s", "perf/mfu_pct", "mem/peak_reserved_gib",
                "cost/usd_per_1k_samples", "cost/usd_per_1m_tokens"]

@@ -94,6 +94,12 @@ class StepMeter(TrainerCallback):
         if self.warmup_steps == 0:
             self._start_window()
 
+    def restart_clock(self) -> None:
+        """Start the current step's clock now: what happened since the last step end (e.g. starting
+        the profiler) is not part of any step."""
+        sync(self.device)
+        self._last_end = time.perf_counter()
+
     def _start_window(self) -> None:
         self.window_start = self._last_end
         if self.device.type == "cuda":

@@ -20,21 +20,13 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
 from lorabench.config import ReportConfig  # noqa: E402
-from lorabench.results import COLUMNS, load_results, markdown_table, row, write_csv  # noqa: E402
+from lorabench.profile import CATEGORIES  # noqa: E402
+from lorabench.results import COLUMNS, flatten, load_results, markdown_table, row, write_csv  # noqa: E402
 
 IGNORED_KEYS = ("data.cache_dir", "logger.", "model.path")  # never a knob worth a line
-STATUS_COLOR = {"ok": "#4c72b0", "oom": "#c44e52", "failed": "#8c8c8c"}
-
-
-def flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(flatten(v, f"{key}."))
-        else:
-            out[key] = tuple(v) if isinstance(v, list) else v
-    return out
+STATUS_COLOR = {"ok": "#4c72b0", "oom": "#c44e52", "failed": "#8c8c8c", "skipped": "#e8a0a2"}
+CATEGORY_COLOR = {"matmul": "#4c72b0", "dequant": "#dd8452", "attention": "#55a868", "elementwise": "#8172b3",
+                  "loss": "#c44e52", "optimizer": "#937860", "data": "#da8bc3", "idle": "#cccccc"}
 
 
 def swept_keys(results: list[dict]) -> list[str]:
@@ -92,6 +84,46 @@ def sentence(e: dict) -> str:
     mem = "" if e["mem_delta_gib"] is None else f", peak reserved memory {e['mem_delta_gib']:+.2f} GiB"
     return (f"{e['key']} {e['from']} -> {e['to']}: non-pad tokens/s {change:+.1f}%{mem} "
             f"(median of {e['pairs']} pair{'s' if e['pairs'] > 1 else ''} of cells differing only in it).")
+
+
+def bottleneck_table(results: list[dict], keys: list[str]) -> str:
+    """Where each profiled cell's step time goes (train.profile_steps > 0): % per category."""
+    rows = [r for r in results if "prof/step_ms" in r.get("metrics", {})]
+    if not rows:
+        return ""
+    lines = ["| cell | profiled step ms | " + " | ".join(f"{c} %" for c in CATEGORIES) + " | top |",
+             "|" + "---|" * (len(CATEGORIES) + 3)]
+    for r in rows:
+        m = r["metrics"]
+        lines.append(f"| {label(r, keys)} | {m['prof/step_ms']:.1f} | "
+                     + " | ".join(f"{100 * m[f'prof/{c}_frac']:.1f}" for c in CATEGORIES) + f" | {m['prof/top']} |")
+    return "\n".join(lines)
+
+
+def fit_grid(results: list[dict], keys: list[str]) -> dict | None:
+    """When a sweep varies seq_len and batch and nothing else: {(seq_len, batch): result}."""
+    if set(keys) != {"seq_len", "batch"}:
+        return None
+    return {(r["config"]["seq_len"], r["config"]["batch"]): r for r in results}
+
+
+def fit_table(grid: dict) -> str:
+    """Largest batch that ran per seq_len, with its peak memory and throughput."""
+    lines = ["| seq_len | largest batch that fits | peak resv GiB | tok/s non-pad | first batch that does not |",
+             "|---|---|---|---|---|"]
+    for seq in sorted({s for s, _ in grid}):
+        row_ = sorted((b, r) for (s, b), r in grid.items() if s == seq)
+        fits = [(b, r) for b, r in row_ if r.get("status") == "ok"]
+        over = [b for b, r in row_ if r.get("status") in ("oom", "skipped")]
+        if fits:
+            b, r = fits[-1]
+            m = r["metrics"]
+            mem = m.get("mem/peak_reserved_gib")
+            lines.append(f"| {seq} | {b} | {'-' if mem is None else f'{mem:.2f}'} | {m['perf/tokens_per_s']:,.0f} | "
+                         f"{min(over) if over else 'none tried'} |")
+        else:
+            lines.append(f"| {seq} | none | - | - | {min(over) if over else '-'} |")
+    return "\n".join(lines)
 
 
 def projection(r: dict, cfg: ReportConfig) -> dict | None:
@@ -195,6 +227,47 @@ def make_plots(results: list[dict], keys: list[str], effects: list[dict], cfg: R
         b.set_xlabel(f"USD for {cfg.dataset_samples:,} samples")
         save(fig, "projection", f"Time and cost projected for {cfg.dataset_samples:,} samples")
 
+    prof = [(n, x) for n, x in zip(names, m) if "prof/step_ms" in x]
+    if prof:
+        fig, ax = plt.subplots(figsize=(11, 1.6 + 0.35 * len(prof)))
+        left = [0.0] * len(prof)
+        for c in CATEGORIES:
+            share = [100 * x[f"prof/{c}_frac"] for _, x in prof]
+            ax.barh(range(len(prof)), share, left=left, color=CATEGORY_COLOR[c], label=c)
+            for i, (v, l0) in enumerate(zip(share, left)):
+                if v >= 6:  # label the slices wide enough to hold one
+                    ax.text(l0 + v / 2, i, f"{v:.0f}", ha="center", va="center", fontsize=7)
+            left = [a + b for a, b in zip(left, share)]
+        ax.set_yticks(range(len(prof)), [f"{n} ({x['prof/step_ms']:.0f} ms)" for n, x in prof], fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlim(0, 100)
+        ax.set_xlabel("% of the profiled step time (torch.profiler; device work, then device idle)")
+        ax.legend(ncol=len(CATEGORIES), fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
+        save(fig, "bottleneck", "Where the step time goes")
+
+    grid = fit_grid(results, keys)
+    if grid:
+        seqs, batches = sorted({s for s, _ in grid}), sorted({b for _, b in grid})
+        fig, ax = plt.subplots(figsize=(1.5 + 1.1 * len(batches), 1.2 + 0.6 * len(seqs)))
+        for i, seq in enumerate(seqs):
+            for j, b in enumerate(batches):
+                r = grid.get((seq, b))
+                status = r.get("status") if r else None
+                mem = (r or {}).get("metrics", {}).get("mem/peak_reserved_gib")
+                text = {"ok": f"{mem:.1f} GiB" if mem is not None else "fits", "oom": "OOM",
+                        "skipped": "OOM\n(implied)", "failed": "failed", None: "-"}.get(status, status)
+                color = {"ok": "#b8d8be", "oom": "#f2b8ba", "skipped": "#f8dcdd"}.get(status, "#eeeeee")
+                ax.add_patch(plt.Rectangle((j, i), 1, 1, facecolor=color, edgecolor="white"))
+                ax.text(j + 0.5, i + 0.5, text, ha="center", va="center", fontsize=8)
+        ax.set_xlim(0, len(batches))
+        ax.set_ylim(len(seqs), 0)
+        ax.set_xticks([j + 0.5 for j in range(len(batches))], batches)
+        ax.set_yticks([i + 0.5 for i in range(len(seqs))], seqs)
+        ax.set_xlabel("batch")
+        ax.set_ylabel("seq_len")
+        cap = {x.get("mem/budget_gib") or x.get("mem/device_total_gib") for x in m} - {None}
+        save(fig, "fit", "What fits" + (f" in {max(cap):.0f} GiB" if cap else "") + " (peak reserved memory)")
+
     if effects:
         names_e = [f"{e['key']}: {e['from']} -> {e['to']}" for e in effects]
         fig, (a, b) = plt.subplots(1, 2, figsize=(11, 1.2 + 0.4 * len(effects)))
@@ -246,16 +319,29 @@ def write_report(sweep_dir: Path, cfg: ReportConfig | None = None) -> dict:
         md += "\n\n" + "\n\n".join(notes)
     if effects:
         md += "\n\nKnob effects:\n" + "\n".join(f"- {sentence(e)}" for e in effects)
+    extra = {}
+    if bottlenecks := bottleneck_table(results, keys):
+        extra["Where the step time goes (% of a profiled step)"] = bottlenecks
+    if grid := fit_grid(results, keys):
+        extra["What fits (largest batch per seq_len)"] = fit_table(grid)
+    for title, table in extra.items():
+        md += f"\n\n{title}:\n\n{table}"
     (sweep_dir / "results.md").write_text(md + "\n")
     write_csv(results, sweep_dir / "results.csv")
     plots = make_plots(results, keys, effects, cfg, sweep_dir / "plots") if results else {}
     page = sweep_dir / "report.html"
-    page.write_text(render_html(sweep_dir, results, keys, notes, effects, plots, cfg))
+    page.write_text(render_html(sweep_dir, results, keys, notes, effects, plots, cfg, extra))
     files = [sweep_dir / "results.md", sweep_dir / "results.csv", page, *plots.values()]
     return {"markdown": md, "files": files, "results": results, "keys": keys}
 
 
-def render_html(sweep_dir, results, keys, notes, effects, plots, cfg) -> str:
+def _md_to_html(table: str) -> str:
+    rows = [line.strip("|").split(" | ") for line in table.splitlines() if not line.startswith("|---")]
+    cells = lambda r, tag: "".join(f"<{tag}>{html.escape(c.strip())}</{tag}>" for c in r)  # noqa: E731
+    return f"<table><tr>{cells(rows[0], 'th')}</tr>" + "".join(f"<tr>{cells(r, 'td')}</tr>" for r in rows[1:]) + "</table>"
+
+
+def render_html(sweep_dir, results, keys, notes, effects, plots, cfg, extra) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h, _, _ in COLUMNS)
     body = ""
     for r in results:
@@ -278,13 +364,14 @@ def render_html(sweep_dir, results, keys, notes, effects, plots, cfg) -> str:
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>lorabench: {html.escape(sweep_dir.name)}</title>
 <style>body{{font-family:sans-serif;margin:2em;max-width:1200px}}table{{border-collapse:collapse;font-size:12px}}
 td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right}}td:nth-child(-n+2){{text-align:left}}
-tr.oom td{{background:#fbe3e4}}tr.failed td{{background:#eee}}img{{max-width:100%}}</style></head><body>
+tr.oom td,tr.skipped td{{background:#fbe3e4}}tr.failed td{{background:#eee}}img{{max-width:100%}}</style></head><body>
 <h1>Sweep {html.escape(str(sweep_dir))}</h1>
 <p>{len(results)} cells; swept: {html.escape(", ".join(keys) or "nothing (one configuration)")}.
 Non-pad tokens/s counts real tokens only, over the timed steps (warmup excluded).</p>
 {"".join(f"<p><b>{html.escape(n)}</b></p>" for n in notes)}
 <table><tr>{head}</tr>{body}</table>
 <h2>Knob effects</h2><ul>{"".join(f"<li>{html.escape(sentence(e))}</li>" for e in effects) or "<li>no two cells differ in one key only</li>"}</ul>
+{"".join(f"<h2>{html.escape(t)}</h2>{_md_to_html(tab)}" for t, tab in extra.items())}
 <h2>Projection for {cfg.dataset_samples:,} samples</h2>
 <table><tr><th>cell</th><th>hours</th><th>M non-pad tokens</th><th>GPU cost</th><th>{html.escape(cfg.reference_name)}</th></tr>{proj_rows}</table>
 <h2>Plots</h2>{imgs}

@@ -129,6 +129,18 @@ def metrics_table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def flatten(d: dict, prefix: str = "") -> dict:
+    """{"a": {"b": 1}} -> {"a.b": 1}; lists become tuples (hashable, comparable)."""
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{key}."))
+        else:
+            out[key] = tuple(v) if isinstance(v, list) else v
+    return out
+
+
 def load_results(sweep_dir: Path) -> tuple[list[dict], list[Path]]:
     """Every cell's metrics.json below sweep_dir, and the cell dirs without a readable one (still
     running, killed before the result was written, or a file damaged by hand)."""

@@ -18,6 +18,7 @@ from transformers import PrinterCallback, TrainerCallback, TrainingArguments
 from lorabench import cell, data, modeling
 from lorabench.config import Config, Precision
 from lorabench.metrics import MeasuredTrainer, NvmlSampler, StepMeter, memory_stats, summarize
+from lorabench.profile import StepProfiler
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +30,9 @@ def run_cell(cfg: DictConfig) -> dict:
 
 def train_and_measure(c: Config, run_dir: Path, result: dict, logger) -> dict:
     """Data, model and timed training for one cell; returns its metrics."""
+    if c.train.skip_if_smaller_oom and (oom := cell.smaller_oom(result["config"], run_dir)):
+        raise cell.CellSkipped(f"does not fit: cell {oom['job_num']} ({oom['cell']}) with no larger seq_len and "
+                               f"batch ran out of memory")
     device, gpu = cell.setup_device(c.train.device, c.gpu, result)
     modeling.check_compatible(c, device)
     torch.manual_seed(c.train.seed)
@@ -52,7 +56,13 @@ def train_and_measure(c: Config, run_dir: Path, result: dict, logger) -> dict:
 
     # ---- training: HF Trainer runs the seed's recipe; the meter times it
     sampler = NvmlSampler(device) if device.type == "cuda" else None
-    meter = StepMeter(device, c.train.timing_warmup_steps, run_dir / "steps.jsonl", sampler, logger.log_step)
+    # Untimed: the warmup steps, then the profiled ones (profiling slows a step down).
+    untimed = c.train.timing_warmup_steps + c.train.profile_steps
+    meter = StepMeter(device, untimed, run_dir / "steps.jsonl", sampler, logger.log_step)
+    callbacks = [meter, ProgressBar(c.train.max_steps, meter)]
+    if c.train.profile_steps:  # after the meter, whose step-end synchronisation it relies on
+        profiler = StepProfiler(device, c.train.timing_warmup_steps, c.train.profile_steps, run_dir, meter)
+        callbacks.insert(1, profiler)
     p = c.precision.name
     args = TrainingArguments(
         output_dir=str(run_dir / "trainer"),
@@ -82,12 +92,14 @@ def train_and_measure(c: Config, run_dir: Path, result: dict, logger) -> dict:
     )
     trainer = MeasuredTrainer(model=model, args=args, train_dataset=dataset,
                               data_collator=data.build_collator(c, tokenizer),
-                              callbacks=[meter, ProgressBar(c.train.max_steps, meter)], meter=meter)
+                              callbacks=callbacks, meter=meter)
     trainer.remove_callback(PrinterCallback)  # it prints every log dict; the bar shows them
     try:
         trainer.train()
     finally:
         meter.close()  # stops the NVML thread and closes steps.jsonl, also after an OOM
+        if c.train.profile_steps:
+            profiler.close()
         with contextlib.suppress(OSError):
             (run_dir / "trainer").rmdir()  # the Trainer's output_dir: nothing is saved there yet
 
@@ -98,6 +110,8 @@ def train_and_measure(c: Config, run_dir: Path, result: dict, logger) -> dict:
     metrics.update(memory_stats(device))
     if sampler:
         metrics.update(sampler.summary())
+    if c.train.profile_steps:
+        metrics.update(profiler.result)
     return metrics
 
 

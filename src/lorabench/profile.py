@@ -1,0 +1,200 @@
+"""Where a training step's time goes: a torch.profiler breakdown of a few steps after warmup.
+
+Opt-in (train.profile_steps > 0). The profiled steps come right after the warmup steps and are not
+in the timed window (profiling slows a step down). Each profiled step's wall time, from one
+synchronised step boundary to the next, is split into categories that add up to it:
+
+  matmul      dense matrix products (base layers, LoRA adapters, lm_head)
+  dequant     4-bit / 8-bit (de)quantisation kernels of bitsandbytes
+  attention   scaled-dot-product attention, forward and backward
+  elementwise norms, activations, rotary embeddings, casts, adds: everything else on the device
+  loss        log-softmax and NLL of the cross-entropy, forward and backward
+  optimizer   optimizer step and gradient clipping
+  data        host-to-device copies, and device idle while the DataLoader produces the batch
+  idle        device idle for any other reason: Python, kernel launch latency, synchronisation
+
+On CUDA the device's work is its kernels and copies; on CPU it is the operators' own time on the
+host, and "idle" is host time outside any operator (Python between them). Device work is attributed once, in time order (overlapping kernels on other streams count for
+the first), so the categories partition the step exactly; a kernel is classified by the operators
+that launched it (e.g. a GEMM inside scaled_dot_product_attention is attention, any kernel inside
+Optimizer.step is optimizer) and by its own name when no operator is known.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from transformers import TrainerCallback
+
+log = logging.getLogger(__name__)
+
+CATEGORIES = ("matmul", "dequant", "attention", "elementwise", "loss", "optimizer", "data", "idle")
+STEP_RANGE = "lorabench/profiled_step"
+DATA_RANGE = "enumerate(DataLoader)"  # torch.utils.data annotates every DataLoader __next__ so
+
+# (category, substrings of an operator or kernel name, lower case). A kernel's category is the first
+# rule that matches any name on its launch stack (operator, its parents, and the kernel itself).
+RULES = (
+    ("data", (DATA_RANGE.lower(), "memcpy htod")),
+    ("optimizer", ("optimizer.step", "optimizer.zero_grad", "_foreach_", "clip_grad")),
+    ("attention", ("attention", "flash", "fmha", "sdpa")),
+    ("loss", ("log_softmax", "nll_loss", "cross_entropy", "logsoftmax", "nllloss")),
+    ("dequant", ("bitsandbytes::", "dequantize", "quantize", "kdequant", "kquant")),
+    ("matmul", ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
+                "gemm", "gemv", "nvjet", "cutlass", "xmma", "cublas")),
+)
+
+
+def classify(names: list[str]) -> str:
+    """Category of one piece of device work, from the names on its launch stack."""
+    lowered = [n.lower() for n in names]
+    for category, needles in RULES:
+        if any(needle in name for name in lowered for needle in needles):
+            return category
+    return "elementwise"
+
+
+def _stack(event) -> list[str]:
+    names = []
+    while event is not None:
+        names.append(event.name)
+        event = event.cpu_parent
+    return names
+
+
+def _merge(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for start, end in sorted(intervals):
+        if out and start <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], end)
+        else:
+            out.append([start, end])
+    return [(a, b) for a, b in out]
+
+
+def _overlap(start: float, end: float, merged: list[tuple[float, float]]) -> float:
+    return sum(max(0.0, min(end, b) - max(start, a)) for a, b in merged)
+
+
+def breakdown(events, on_cuda: bool) -> list[dict]:
+    """Per profiled step: {category: milliseconds} plus "step_ms", from profiler FunctionEvents."""
+    cpu = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU]
+    by_id = {e.id: e for e in cpu}
+    steps = sorted((e.time_range.start, e.time_range.end) for e in cpu if e.name == STEP_RANGE)
+    data_ranges = _merge([(e.time_range.start, e.time_range.end) for e in cpu if e.name.startswith(DATA_RANGE)])
+
+    work = []  # (start_us, end_us, category)
+    if on_cuda:
+        for e in events:
+            if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start:
+                parent = by_id.get(e.linked_correlation_id)
+                names = [e.name] + (_stack(parent) if parent is not None else [])
+                work.append((e.time_range.start, e.time_range.end, classify(names)))
+    else:  # the host is the device: each operator's own time (outside its children) is work
+        for e in cpu:
+            if e.name == STEP_RANGE:
+                continue
+            category, cursor = classify(_stack(e)), e.time_range.start
+            for child in sorted(e.cpu_children, key=lambda c: c.time_range.start):
+                if child.time_range.start > cursor:
+                    work.append((cursor, child.time_range.start, category))
+                cursor = max(cursor, child.time_range.end)
+            if e.time_range.end > cursor:
+                work.append((cursor, e.time_range.end, category))
+    work.sort()
+
+    out = []
+    for s0, s1 in steps:
+        ms = dict.fromkeys(CATEGORIES, 0.0)
+        cursor = s0
+        for a, b, category in work:
+            if b <= cursor or a >= s1:
+                continue
+            a = max(a, cursor)
+            b = min(b, s1)
+            gap_data = _overlap(cursor, a, data_ranges)  # device idle before this work
+            ms["data"] += gap_data
+            ms["idle"] += (a - cursor) - gap_data
+            ms[category] += b - a
+            cursor = b
+        gap_data = _overlap(cursor, s1, data_ranges)
+        ms["data"] += gap_data
+        ms["idle"] += (s1 - cursor) - gap_data
+        out.append({k: v / 1e3 for k, v in ms.items()} | {"step_ms": (s1 - s0) / 1e3})
+    return out
+
+
+def summarize_profile(per_step: list[dict]) -> dict:
+    """Mean over the profiled steps: prof/<category>_ms and prof/<category>_frac, prof/step_ms, prof/top."""
+    n = len(per_step)
+    out = {"prof/steps": n, "prof/step_ms": sum(s["step_ms"] for s in per_step) / n}
+    for c in CATEGORIES:
+        out[f"prof/{c}_ms"] = sum(s[c] for s in per_step) / n
+        out[f"prof/{c}_frac"] = out[f"prof/{c}_ms"] / out["prof/step_ms"]
+    out["prof/top"] = max(CATEGORIES, key=lambda c: out[f"prof/{c}_ms"])
+    return out
+
+
+class StepProfiler(TrainerCallback):
+    """Profiles the `steps` optimizer steps after `after_step` with torch.profiler.
+
+    Register it after the StepMeter: the meter synchronises the device at each step end, so every
+    profiled range starts and ends with an idle device and matches the meter's step time.
+    """
+
+    def __init__(self, device: torch.device, after_step: int, steps: int, run_dir: Path, meter):
+        self.device, self.after_step, self.steps, self.run_dir, self.meter = device, after_step, steps, run_dir, meter
+        self.prof = self._range = None
+        self.result: dict = {}
+
+    def _start(self) -> None:
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if self.device.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        self.prof = torch.profiler.profile(activities=activities)
+        self.prof.start()  # tens of ms the first time (CUPTI setup): not part of the next step
+        self.meter.restart_clock()
+        self._open_range()
+
+    def _open_range(self) -> None:
+        self._range = torch.profiler.record_function(STEP_RANGE)
+        self._range.__enter__()
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if self.after_step == 0:
+            self._start()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.prof is None:
+            if state.global_step == self.after_step:
+                self._start()
+            return
+        self._range.__exit__(None, None, None)
+        self._range = None
+        self.meter.steps[-1]["profiled"] = True
+        if state.global_step < self.after_step + self.steps:
+            self._open_range()
+            return
+        self.prof.stop()
+        prof, self.prof = self.prof, None
+        log.info("profiled steps %d-%d; attributing device time", self.after_step + 1, state.global_step)
+        events = prof.events()
+        per_step = breakdown(events, self.device.type == "cuda")
+        # The step time of the same steps measured by the meter, to check the attribution against.
+        measured = [s["time_s"] * 1e3 for s in self.meter.steps if s.get("profiled")]
+        self.result = summarize_profile(per_step) | {"prof/measured_step_ms": sum(measured) / len(measured)}
+        sort = "self_cuda_time_total" if self.device.type == "cuda" else "self_cpu_time_total"
+        (self.run_dir / "profile.txt").write_text(
+            f"torch.profiler, optimizer steps {self.after_step + 1}-{state.global_step}, top operators by self time\n\n"
+            + events.key_averages().table(sort_by=sort, row_limit=40))
+
+    def close(self) -> None:
+        """Stops a profile left running by a failed cell."""
+        if self.prof is not None:
+            if self._range is not None:
+                self._range.__exit__(None, None, None)
+                self._range = None
+            self.prof.stop()
+            self.prof = None
