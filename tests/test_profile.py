@@ -58,3 +58,37 @@ def test_profile_steps_must_leave_a_timed_step():
 
     with pytest.raises(ValueError, match="train.profile_steps must be in"):
         OmegaConf.to_object(compose_cfg(["train.max_steps=6", "train.timing_warmup_steps=2", "train.profile_steps=4"]))
+
+
+def test_device_timeline_is_partitioned_by_category():
+    """The CUDA path on a hand-made timeline (us): a 100 us step whose DataLoader call takes 0-20,
+    then a host-to-device copy 20-25, a GEMM 30-60 launched by aten::mm, an optimizer kernel 70-90.
+    Device idle inside the DataLoader call is data; other idle is idle."""
+    from types import SimpleNamespace as NS
+
+    from lorabench.profile import DATA_RANGE, STEP_RANGE, breakdown
+    from torch.autograd import DeviceType
+
+    def op(id_, name, start, end, parent=None):
+        e = NS(id=id_, name=name, device_type=DeviceType.CPU, time_range=NS(start=start, end=end),
+               cpu_parent=parent, cpu_children=[])
+        if parent:
+            parent.cpu_children.append(e)
+        return e
+
+    def kernel(name, start_us, end_us, launched_by):
+        return NS(name=lambda: name, linked_correlation_id=lambda: launched_by.id,
+                  start_ns=lambda: 5_000 + start_us * 1000, duration_ns=lambda: (end_us - start_us) * 1000)
+
+    step = op(1, STEP_RANGE, 0, 100)
+    loader = op(2, DATA_RANGE + "#_SingleProcessDataLoaderIter.__next__", 0, 20, step)
+    copy = op(3, "aten::copy_", 20, 21, step)
+    mm = op(4, "aten::mm", 28, 29, step)
+    opt = op(5, "Optimizer.step#AdamW.step", 65, 69, step)
+    add = op(6, "aten::_foreach_add_", 66, 67, opt)
+    kernels = [kernel("Memcpy HtoD (Pageable -> Device)", 20, 25, copy), kernel("nvjet_tst_gemm", 30, 60, mm),
+               kernel("multi_tensor_apply_kernel", 70, 90, add)]
+    [ms] = breakdown([step, loader, copy, mm, opt, add], kernels, trace_start_ns=5_000)
+    us = {k: round(v * 1e3, 6) for k, v in ms.items()}
+    assert us == {"matmul": 30, "dequant": 0, "attention": 0, "elementwise": 0, "loss": 0, "optimizer": 20,
+                  "data": 25, "idle": 25, "step_ms": 100}

@@ -78,20 +78,25 @@ def _overlap(start: float, end: float, merged: list[tuple[float, float]]) -> flo
     return sum(max(0.0, min(end, b) - max(start, a)) for a, b in merged)
 
 
-def breakdown(events, on_cuda: bool) -> list[dict]:
-    """Per profiled step: {category: milliseconds} plus "step_ms", from profiler FunctionEvents."""
+def breakdown(events, device_events=(), trace_start_ns: int = 0) -> list[dict]:
+    """Per profiled step: {category: milliseconds} plus "step_ms".
+
+    events: the profiler's FunctionEvents (host operators, with their parents and children, times
+    in us from the trace start); device_events: its raw kineto events of the device (kernels and
+    copies, times in ns), each linked to the operator that launched it by correlation id. Without
+    device events the host's operators are the work (a CPU run)."""
     cpu = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU]
     by_id = {e.id: e for e in cpu}
     steps = sorted((e.time_range.start, e.time_range.end) for e in cpu if e.name == STEP_RANGE)
     data_ranges = _merge([(e.time_range.start, e.time_range.end) for e in cpu if e.name.startswith(DATA_RANGE)])
 
     work = []  # (start_us, end_us, category)
-    if on_cuda:
-        for e in events:
-            if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start:
-                parent = by_id.get(e.linked_correlation_id)
-                names = [e.name] + (_stack(parent) if parent is not None else [])
-                work.append((e.time_range.start, e.time_range.end, classify(names)))
+    if device_events:
+        for k in device_events:
+            parent = by_id.get(k.linked_correlation_id())
+            names = [k.name()] + (_stack(parent) if parent is not None else [])
+            start = (k.start_ns() - trace_start_ns) / 1e3  # the FunctionEvents' clock: us from the trace start
+            work.append((start, start + k.duration_ns() / 1e3, classify(names)))
     else:  # the host is the device: each operator's own time (outside its children) is work
         for e in cpu:
             if e.name == STEP_RANGE:
@@ -181,11 +186,14 @@ class StepProfiler(TrainerCallback):
         prof, self.prof = self.prof, None
         log.info("profiled steps %d-%d; attributing device time", self.after_step + 1, state.global_step)
         events = prof.events()
-        per_step = breakdown(events, self.device.type == "cuda")
+        kineto = prof.profiler.kineto_results
+        device_events = [k for k in kineto.events() if k.device_type() == torch.autograd.DeviceType.CUDA
+                         and k.duration_ns() > 0] if self.device.type == "cuda" else []
+        per_step = breakdown(events, device_events, kineto.trace_start_ns())
         # The step time of the same steps measured by the meter, to check the attribution against.
         measured = [s["time_s"] * 1e3 for s in self.meter.steps if s.get("profiled")]
         self.result = summarize_profile(per_step) | {"prof/measured_step_ms": sum(measured) / len(measured)}
-        sort = "self_cuda_time_total" if self.device.type == "cuda" else "self_cpu_time_total"
+        sort = "self_device_time_total" if self.device.type == "cuda" else "self_cpu_time_total"
         (self.run_dir / "profile.txt").write_text(
             f"torch.profiler, optimizer steps {self.after_step + 1}-{state.global_step}, top operators by self time\n\n"
             + events.key_averages().table(sort_by=sort, row_limit=40))
