@@ -92,7 +92,12 @@ def breakdown(events, device_events=(), trace_start_ns: int = 0) -> list[dict]:
 
     work = []  # (start_us, end_us, category)
     if device_events:
+        # Kineto mirrors each host annotation (the step range, Optimizer.step, ...) on the device's
+        # timeline; those spans are not device work. Kernels and copies never share a host name.
+        host_names = {e.name for e in cpu}
         for k in device_events:
+            if k.name() in host_names or (hasattr(k, "is_user_annotation") and k.is_user_annotation()):
+                continue
             parent = by_id.get(k.linked_correlation_id())
             names = [k.name()] + (_stack(parent) if parent is not None else [])
             start = (k.start_ns() - trace_start_ns) / 1e3  # the FunctionEvents' clock: us from the trace start
@@ -190,6 +195,7 @@ class StepProfiler(TrainerCallback):
         device_events = [k for k in kineto.events() if k.device_type() == torch.autograd.DeviceType.CUDA
                          and k.duration_ns() > 0] if self.device.type == "cuda" else []
         per_step = breakdown(events, device_events, kineto.trace_start_ns())
+        self.meter.restart_clock()  # the seconds spent on this analysis belong to no step
         # The step time of the same steps measured by the meter, to check the attribution against.
         measured = [s["time_s"] * 1e3 for s in self.meter.steps if s.get("profiled")]
         self.result = summarize_profile(per_step) | {"prof/measured_step_ms": sum(measured) / len(measured)}

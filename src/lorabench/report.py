@@ -101,8 +101,8 @@ def bottleneck_table(results: list[dict], keys: list[str]) -> str:
 
 
 def fit_grid(results: list[dict], keys: list[str]) -> dict | None:
-    """When a sweep varies seq_len and batch and nothing else: {(seq_len, batch): result}."""
-    if set(keys) != {"seq_len", "batch"}:
+    """When a sweep varies seq_len or batch and nothing else: {(seq_len, batch): result}."""
+    if not keys or not set(keys) <= {"seq_len", "batch"}:
         return None
     return {(r["config"]["seq_len"], r["config"]["batch"]): r for r in results}
 
