@@ -59,6 +59,8 @@ def test_breakdown_partitions_the_measured_step_time(tmp_path, monkeypatch):
     steps = read_steps(tmp_path)
     assert [s["step"] for s in steps if s.get("profiled")] == [3, 4, 5]
     assert steps[5]["timed"] and steps[5]["time_s"] < 0.9  # the first timed step, right after the analysis
+    # and the timed window is the timed steps, back to back, without the analysis before them
+    assert m["time/window_s"] == pytest.approx(sum(s["time_s"] for s in steps if s["timed"]), rel=1e-3)
 
 
 def test_profile_steps_must_leave_a_timed_step():

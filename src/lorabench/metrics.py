@@ -98,7 +98,10 @@ class StepMeter(TrainerCallback):
         """Start the current step's clock now: what happened since the last step end (e.g. starting
         the profiler) is not part of any step."""
         sync(self.device)
-        self._last_end = time.perf_counter()
+        now = time.perf_counter()
+        if self.window_start == self._last_end:  # the timed window began at that step end: it begins now
+            self.window_start = now
+        self._last_end = now
 
     def _start_window(self) -> None:
         self.window_start = self._last_end
