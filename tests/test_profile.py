@@ -11,6 +11,13 @@ from lorabench.profile import CATEGORIES, classify
     # GPU kernels with the operators that launched them, innermost first (as the profiler links them)
     (["void kDequantizeBlockwise<__nv_bfloat16, 512, 64, 8, 2>", "bitsandbytes::dequantize_4bit",
       "autograd::engine::evaluate_function: MatMul4BitBackward"], "dequant"),
+    # bitsandbytes' gemm_4bit op without a fused kernel: dequantise, then a GEMM that is a matmul
+    (["void kDequantizeBlockwise<__nv_bfloat16, 512, 64, 8, 2>", "bitsandbytes::dequantize_4bit",
+      "bitsandbytes::gemm_4bit"], "dequant"),
+    (["nvjet_sm90_tst_320x128_64x3_1x2_h_bz_coopB_TNT", "aten::mm", "aten::matmul", "bitsandbytes::gemm_4bit"],
+     "matmul"),
+    (["void kgemm_4bit_inference_naive<__nv_bfloat16>", "bitsandbytes::gemm_4bit"], "matmul"),
+    (["void kInt8VectorQuant<__nv_bfloat16>", "bitsandbytes::int8_vectorwise_quant"], "dequant"),
     (["nvjet_tst_128x256_64x4_2x1_v_bz_coopA_TNT", "aten::mm", "MmBackward0"], "matmul"),
     (["sm90_xmma_gemm_bf16bf16_bf16f32", "aten::addmm", "aten::linear"], "matmul"),
     (["cutlass_80_wmma_tensorop_bf16_s161616gemm", "aten::bmm", "aten::_scaled_dot_product_attention_math",
@@ -100,7 +107,8 @@ def test_device_timeline_is_partitioned_by_category():
     kernels = [kernel("Memcpy HtoD (Pageable -> Device)", 20, 25, copy), kernel("nvjet_tst_gemm", 30, 60, mm),
                kernel("multi_tensor_apply_kernel", 70, 90, add),
                kernel(STEP_RANGE, 0, 100, step)]  # kineto's device-side mirror of the step range: not work
-    [ms] = breakdown([step, loader, copy, mm, opt, add], kernels, trace_start_ns=5_000)
+    [ms], by_who = breakdown([step, loader, copy, mm, opt, add], kernels, trace_start_ns=5_000)
     us = {k: round(v * 1e3, 6) for k, v in ms.items()}
     assert us == {"matmul": 30, "dequant": 0, "attention": 0, "elementwise": 0, "loss": 0, "optimizer": 20,
                   "data": 25, "idle": 25, "step_ms": 100}
+    assert by_who["matmul", "nvjet_tst_gemm <- aten::mm"] == pytest.approx(0.030)

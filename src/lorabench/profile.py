@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import gc
 import logging
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -42,9 +43,11 @@ RULES = (
     ("optimizer", ("optimizer.step", "optimizer.zero_grad", "_foreach_", "clip_grad")),
     ("attention", ("attention", "flash", "fmha", "sdpa")),
     ("loss", ("log_softmax", "nll_loss", "cross_entropy", "logsoftmax", "nllloss")),
-    ("dequant", ("bitsandbytes::", "dequantize", "quantize", "kdequant", "kquant")),
+    # bitsandbytes' (de)quantisation ops and kernels; not its gemm_4bit op as a whole: when no fused
+    # kernel fits, that op dequantises (dequant) and then calls a GEMM (matmul).
+    ("dequant", ("quantize", "dequant", "kquant", "_quant")),
     ("matmul", ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
-                "gemm", "gemv", "nvjet", "cutlass", "xmma", "cublas")),
+                "gemm", "gemv", "nvjet", "cutlass", "xmma", "cublas", "scaled_mm", "linear_matmul")),
 )
 
 
@@ -79,8 +82,9 @@ def _overlap(start: float, end: float, merged: list[tuple[float, float]]) -> flo
     return sum(max(0.0, min(end, b) - max(start, a)) for a, b in merged)
 
 
-def breakdown(events, device_events=(), trace_start_ns: int = 0) -> list[dict]:
-    """Per profiled step: {category: milliseconds} plus "step_ms".
+def breakdown(events, device_events=(), trace_start_ns: int = 0) -> tuple[list[dict], Counter]:
+    """Per profiled step: {category: milliseconds} plus "step_ms"; and the milliseconds by
+    (category, "kernel <- operator") over all steps, to show what each category holds.
 
     events: the profiler's FunctionEvents (host operators, with their parents and children, times
     in us from the trace start); device_events: its raw kineto events of the device (kernels and
@@ -102,25 +106,26 @@ def breakdown(events, device_events=(), trace_start_ns: int = 0) -> list[dict]:
             parent = by_id.get(k.linked_correlation_id())
             names = [k.name()] + (_stack(parent) if parent is not None else [])
             start = (k.start_ns() - trace_start_ns) / 1e3  # the FunctionEvents' clock: us from the trace start
-            work.append((start, start + k.duration_ns() / 1e3, classify(names)))
+            work.append((start, start + k.duration_ns() / 1e3, classify(names), _who(names)))
     else:  # the host is the device: each operator's own time (outside its children) is work
         for e in cpu:
             if e.name == STEP_RANGE:
                 continue
-            category, cursor = classify(_stack(e)), e.time_range.start
+            names = _stack(e)
+            category, who, cursor = classify(names), _who(names), e.time_range.start
             for child in sorted(e.cpu_children, key=lambda c: c.time_range.start):
                 if child.time_range.start > cursor:
-                    work.append((cursor, child.time_range.start, category))
+                    work.append((cursor, child.time_range.start, category, who))
                 cursor = max(cursor, child.time_range.end)
             if e.time_range.end > cursor:
-                work.append((cursor, e.time_range.end, category))
+                work.append((cursor, e.time_range.end, category, who))
     work.sort()
 
-    out = []
+    out, by_who = [], Counter()
     for s0, s1 in steps:
         ms = dict.fromkeys(CATEGORIES, 0.0)
         cursor = s0
-        for a, b, category in work:
+        for a, b, category, who in work:
             if b <= cursor or a >= s1:
                 continue
             a = max(a, cursor)
@@ -129,12 +134,29 @@ def breakdown(events, device_events=(), trace_start_ns: int = 0) -> list[dict]:
             ms["data"] += gap_data
             ms["idle"] += (a - cursor) - gap_data
             ms[category] += b - a
+            by_who[category, who] += (b - a) / 1e3
             cursor = b
         gap_data = _overlap(cursor, s1, data_ranges)
         ms["data"] += gap_data
         ms["idle"] += (s1 - cursor) - gap_data
         out.append({k: v / 1e3 for k, v in ms.items()} | {"step_ms": (s1 - s0) / 1e3})
-    return out
+    return out, by_who
+
+
+def _who(names: list[str]) -> str:
+    """"kernel <- the operator that launched it" (on CPU: "operator <- its parent")."""
+    return f"{names[0][:70]} <- {names[1][:50]}" if len(names) > 1 else names[0][:70]
+
+
+def contributors_text(by_who: Counter, steps: int, top: int = 6) -> str:
+    """Per category, what filled it: the largest kernels/operators, ms per profiled step."""
+    lines = []
+    for c in CATEGORIES:
+        items = sorted(((ms, who) for (cat, who), ms in by_who.items() if cat == c), reverse=True)[:top]
+        if items:
+            lines.append(f"{c}:")
+            lines += [f"  {ms / steps:9.2f} ms  {who}" for ms, who in items]
+    return "\n".join(lines)
 
 
 def summarize_profile(per_step: list[dict]) -> dict:
@@ -195,14 +217,16 @@ class StepProfiler(TrainerCallback):
         kineto = prof.profiler.kineto_results
         device_events = [k for k in kineto.events() if k.device_type() == torch.autograd.DeviceType.CUDA
                          and k.duration_ns() > 0] if self.device.type == "cuda" else []
-        per_step = breakdown(events, device_events, kineto.trace_start_ns())
+        per_step, by_who = breakdown(events, device_events, kineto.trace_start_ns())
         # The step time of the same steps measured by the meter, to check the attribution against.
         measured = [s["time_s"] * 1e3 for s in self.meter.steps if s.get("profiled")]
         self.result = summarize_profile(per_step) | {"prof/measured_step_ms": sum(measured) / len(measured)}
         sort = "self_device_time_total" if self.device.type == "cuda" else "self_cpu_time_total"
         (self.run_dir / "profile.txt").write_text(
-            f"torch.profiler, optimizer steps {self.after_step + 1}-{state.global_step}, top operators by self time\n\n"
-            + events.key_averages().table(sort_by=sort, row_limit=40))
+            f"torch.profiler, optimizer steps {self.after_step + 1}-{state.global_step}\n\n"
+            "What each category of the breakdown holds (largest first, per profiled step):\n"
+            + contributors_text(by_who, len(per_step))
+            + "\n\nTop operators by self time (both steps):\n" + events.key_averages().table(sort_by=sort, row_limit=40))
         # The analysis took seconds and left ~10^5 Python objects (a Mistral-7B step launches
         # ~30k kernels): collect them now, or a later timed step pays for that garbage collection
         # (measured on an H100: +1.6 s in one step), and start the next step's clock after it.
