@@ -254,6 +254,9 @@ class TrainConfig:
     # larger seq_len and batch already ran out of memory: it cannot fit either. For sizing sweeps.
     skip_if_smaller_oom: bool = False
     grad_accum: int = 1
+    # Processes (GPUs) per cell: > 1 runs the cell with DDP, one process per GPU of this node,
+    # started by torchrun (lorabench.distributed); batch is per process. With device=cpu: gloo.
+    nproc: int = 1
     gradient_checkpointing: bool = False
     seed: int = 0
     device: Device = Device.auto
@@ -261,6 +264,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         _positive("train.max_steps", self.max_steps)
         _positive("train.grad_accum", self.grad_accum)
+        _positive("train.nproc", self.nproc)
         if not 0 <= self.timing_warmup_steps < self.max_steps:
             raise ValueError(f"train.timing_warmup_steps must be in [0, train.max_steps={self.max_steps}), "
                              f"got {self.timing_warmup_steps}: no step would be timed")

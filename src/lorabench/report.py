@@ -103,6 +103,29 @@ def bottleneck_table(results: list[dict], keys: list[str]) -> str:
     return "\n".join(lines)
 
 
+def scaling_table(results: list[dict], keys: list[str]) -> str:
+    """Multi-GPU cells against the 1-process cell with the same configuration otherwise: global
+    non-pad tokens/s, per GPU, and the scaling efficiency tok/s(N) / (N x tok/s(1))."""
+    if "train.nproc" not in keys:
+        return ""
+    ok = [r for r in results if r.get("status") == "ok" and "perf/tokens_per_s" in r.get("metrics", {})]
+
+    def rest(r):
+        return {k: v for k, v in flatten(r["config"]).items() if k != "train.nproc"}
+
+    lines = ["| cell | GPUs | tok/s non-pad | per GPU | efficiency vs 1 | peak resv GiB (largest rank) |",
+             "|---|---|---|---|---|---|"]
+    for r in ok:
+        n = r["config"]["train"]["nproc"]
+        one = next((o for o in ok if o["config"]["train"]["nproc"] == 1 and rest(o) == rest(r)), None)
+        tok = r["metrics"]["perf/tokens_per_s"]
+        eff = f"{100 * tok / (n * one['metrics']['perf/tokens_per_s']):.1f}%" if one else "no 1-GPU cell"
+        mem = r["metrics"].get("mem/peak_reserved_gib")
+        lines.append(f"| {label(r, keys)} | {n} | {tok:,.0f} | {tok / n:,.0f} | {eff} | "
+                     f"{'-' if mem is None else f'{mem:.2f}'} |")
+    return "\n".join(lines)
+
+
 def fit_grid(results: list[dict], keys: list[str]) -> dict | None:
     """When a sweep varies seq_len or batch and nothing else: {(seq_len, batch): result}."""
     if not keys or not set(keys) <= {"seq_len", "batch"}:
@@ -327,6 +350,8 @@ def write_report(sweep_dir: Path, cfg: ReportConfig | None = None) -> dict:
         extra["Where the step time goes (% of a profiled step)"] = bottlenecks
     if grid := fit_grid(results, keys):
         extra["What fits (largest batch per seq_len)"] = fit_table(grid)
+    if scaling := scaling_table(results, keys):
+        extra["Scaling over GPUs (DDP)"] = scaling
     for title, table in extra.items():
         md += f"\n\n{title}:\n\n{table}"
     (sweep_dir / "results.md").write_text(md + "\n")

@@ -29,10 +29,19 @@ def run_cell(cfg: DictConfig) -> dict:
 
 
 def train_and_measure(c: Config, run_dir: Path, result: dict, logger) -> dict:
-    """Data, model and timed training for one cell; returns its metrics."""
+    """One cell's metrics: measured here, or with train.nproc > 1 by that many DDP processes."""
     if c.train.skip_if_smaller_oom and (oom := cell.smaller_oom(result["config"], run_dir)):
         raise cell.CellSkipped(f"does not fit: cell {oom['job_num']} ({oom['cell']}) with no larger seq_len and "
                                f"batch ran out of memory")
+    if c.train.nproc > 1:
+        from lorabench import distributed
+
+        return distributed.launch(c, run_dir, result)
+    return measure(c, run_dir, result, logger)
+
+
+def measure(c: Config, run_dir: Path, result: dict, logger, rank: int = 0) -> dict:
+    """Data, model and timed training in this process (one DDP rank when launched by torchrun)."""
     device, gpu = cell.setup_device(c.train.device, c.gpu, result)
     modeling.check_compatible(c, device)
     torch.manual_seed(c.train.seed)
@@ -58,9 +67,11 @@ def train_and_measure(c: Config, run_dir: Path, result: dict, logger) -> dict:
     sampler = NvmlSampler(device) if device.type == "cuda" else None
     # Untimed: the warmup steps, then the profiled ones (profiling slows a step down).
     untimed = c.train.timing_warmup_steps + c.train.profile_steps
-    meter = StepMeter(device, untimed, run_dir / "steps.jsonl", sampler, logger.log_step)
-    callbacks = [meter, ProgressBar(c.train.max_steps, meter)]
-    if c.train.profile_steps:  # after the meter, whose step-end synchronisation it relies on
+    steps_file = run_dir / ("steps.jsonl" if rank == 0 else f"steps.rank{rank}.jsonl")
+    meter = StepMeter(device, untimed, steps_file, sampler, logger.log_step)
+    callbacks = [meter] + ([ProgressBar(c.train.max_steps, meter)] if rank == 0 else [])
+    profile = c.train.profile_steps and rank == 0  # one rank's profile: the others wait on it at the all-reduce
+    if profile:  # after the meter, whose step-end synchronisation it relies on
         profiler = StepProfiler(device, c.train.timing_warmup_steps, c.train.profile_steps, run_dir, meter)
         callbacks.insert(1, profiler)
     p = c.precision.name
@@ -79,6 +90,9 @@ def train_and_measure(c: Config, run_dir: Path, result: dict, logger) -> dict:
         fp16=p is Precision.fp16,
         gradient_checkpointing=c.train.gradient_checkpointing,
         gradient_checkpointing_kwargs={"use_reentrant": False},
+        # DDP (train.nproc > 1) with frozen 4-bit weights and checkpointing: every adapter gets a
+        # gradient each step; searching for unused ones would fail with non-reentrant checkpointing.
+        ddp_find_unused_parameters=False,
         use_cpu=device.type == "cpu",
         seed=c.train.seed,
         dataloader_num_workers=c.data.num_workers,
@@ -98,7 +112,7 @@ def train_and_measure(c: Config, run_dir: Path, result: dict, logger) -> dict:
         trainer.train()
     finally:
         meter.close()  # stops the NVML thread and closes steps.jsonl, also after an OOM
-        if c.train.profile_steps:
+        if profile:
             profiler.close()
         with contextlib.suppress(OSError):
             (run_dir / "trainer").rmdir()  # the Trainer's output_dir: nothing is saved there yet
@@ -110,8 +124,11 @@ def train_and_measure(c: Config, run_dir: Path, result: dict, logger) -> dict:
     metrics.update(memory_stats(device))
     if sampler:
         metrics.update(sampler.summary())
-    if c.train.profile_steps:
+    if profile:
         metrics.update(profiler.result)
+    # What the launcher of a DDP cell needs to add ranks up (see lorabench.distributed).
+    result["rank"] = {"steps": meter.steps, "window_s": meter.window_s, "params": params, "arch": arch,
+                      "data_stats": data_stats}
     return metrics
 
 

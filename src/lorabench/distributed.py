@@ -1,0 +1,144 @@
+"""Multi-GPU cells: train.nproc DDP processes on this node, started by torchrun.
+
+The Hydra process composes and resolves the cell's config once and writes it to the run dir; it
+then starts `torchrun --standalone --nproc-per-node N -m lorabench.distributed <run_dir>`. Every
+rank loads that file (Hydra never runs in a rank, so no rank composes anything or makes its own
+run dir), trains the same cell with the HF Trainer's DDP on its own device, one full 4-bit copy of
+the model each, and writes rank<r>.json. The Hydra process adds the ranks up into the cell's one
+result, and keeps every side effect (metrics.json, W&B) to itself.
+
+Aggregation: each step's tokens and samples are summed over ranks and its time is the slowest
+rank's (the gradient all-reduce makes every rank wait for it); throughput is global, MFU is over N
+GPUs' peak and cost is N GPU-hours per hour. Memory is per rank (mem/rank<r>_peak_reserved_gib) and
+the cell's peak is the largest rank's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from lorabench.config import Config, GpuConfig, Pricing
+
+log = logging.getLogger(__name__)
+CONFIG_FILE = "cell_config.yaml"
+
+
+def launch(c: Config, run_dir: Path, result: dict) -> dict:
+    """Runs the cell on c.train.nproc processes and returns the aggregated metrics."""
+    n = c.train.nproc
+    if c.train.device.value != "cpu":
+        available = torch.cuda.device_count()
+        if available < n:
+            raise ValueError(f"train.nproc={n} but this node has {available} CUDA device(s); use train.nproc <= "
+                             f"{available}, or train.device=cpu for CPU processes (gloo)")
+    # Data first, in this process: bad input fails before N model loads, and the tokenised cache
+    # is written once instead of by N ranks at the same time.
+    from lorabench import data, modeling
+
+    data.build_dataset(c, modeling.build_tokenizer(c.model))
+    (run_dir / CONFIG_FILE).write_text(OmegaConf.to_yaml(OmegaConf.structured(c)))
+    for stale in run_dir.glob("rank*.json"):
+        stale.unlink()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
+           "-m", "lorabench.distributed", str(run_dir)]
+    log.info("launching %d ranks: %s (their output: %s)", n, " ".join(cmd), run_dir / "ranks.log")
+    with open(run_dir / "ranks.log", "w") as out:
+        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    ranks = []
+    for r in range(n):
+        path = run_dir / f"rank{r}.json"
+        ranks.append(json.loads(path.read_text()) if path.exists() else {"status": "failed", "error": "no result"})
+    bad = [(r, x) for r, x in enumerate(ranks) if x["status"] != "ok"]
+    if bad:
+        # One rank's own failure explains the cell; the others typically died of the broken group.
+        first = next(((r, x) for r, x in bad if x["status"] == "oom"), None) or next(
+            ((r, x) for r, x in bad if x.get("error") != "no result"), bad[0])
+        msg = f"rank {first[0]} of {n}: {first[1].get('error')}"
+        if first[1]["status"] == "oom":
+            raise torch.OutOfMemoryError(msg)
+        tail = (run_dir / "ranks.log").read_text()[-2000:]
+        raise RuntimeError(f"{msg} (torchrun exit code {proc.returncode}); end of ranks.log:\n{tail}")
+    for key in ("model", "device", "gpu"):
+        result[key] = ranks[0][key]
+    result["dist"] = {"nproc": n, "devices": [x["device"] for x in ranks]}
+    g = ranks[0]["gpu"]  # the spec rank 0 priced its device with (cell.setup_device)
+    spec = GpuConfig(name=g["name"], price_per_hour=g["price_per_hour"], spot_price_per_hour=g["spot_price_per_hour"],
+                     peak_bf16_tflops=g["peak_bf16_tflops"], pricing=Pricing(g["pricing"]))
+    return aggregate(ranks, spec)
+
+
+def aggregate(ranks: list[dict], gpu: GpuConfig) -> dict:
+    """One cell's metrics from its ranks' records (see the module's docstring)."""
+    from lorabench.metrics import summarize
+
+    n = len(ranks)
+    per_rank_steps = [x["rank"]["steps"] for x in ranks]
+    steps = []
+    for recs in zip(*per_rank_steps):
+        step = dict(recs[0])  # step number, timed flag and rank 0's loss (the Trainer's mean over ranks)
+        for k in ("tokens_nonpad", "tokens_total", "tokens_label", "samples", "sum_len_sq"):
+            step[k] = sum(r[k] for r in recs)
+        step["time_s"] = max(r["time_s"] for r in recs)
+        steps.append(step)
+    first = ranks[0]["rank"]
+    window = max(x["rank"]["window_s"] for x in ranks)
+    out = summarize(steps, window, first["params"], first["arch"], gpu, n_gpus=n)
+    out.update(first["data_stats"])
+    out["dist/world_size"] = n
+    for r, x in enumerate(ranks):
+        m = x["metrics"]
+        for k in ("mem/peak_allocated_gib", "mem/peak_reserved_gib"):
+            if k in m:
+                out[k.replace("mem/", f"mem/rank{r}_")] = m[k]
+    for k in ("mem/peak_allocated_gib", "mem/peak_reserved_gib", "mem/device_total_gib"):
+        values = [x["metrics"][k] for x in ranks if k in x["metrics"]]
+        if values:
+            out[k] = max(values)
+    for k, v in ranks[0]["metrics"].items():  # rank 0's profile and NVML figures, if any
+        if k.startswith(("prof/", "gpu/")):
+            out[k] = v
+    return out
+
+
+def worker(run_dir: Path) -> None:
+    """One rank (under torchrun): the cell from its resolved config; rank<r>.json whatever happens."""
+    from lorabench.results import atomic_write_json
+    from lorabench.train import measure
+    from lorabench.loggers import NullLogger
+
+    rank = int(os.environ["RANK"])
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
+                        format=f"[rank {rank}] %(asctime)s %(name)s %(levelname)s %(message)s")
+    c = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(run_dir / CONFIG_FILE)))
+    result = {"status": "running"}
+    try:
+        result["metrics"] = measure(c, run_dir, result, NullLogger(), rank=rank)
+        result["status"] = "ok"
+    except torch.OutOfMemoryError as e:
+        result.update(status="oom", error=str(e).splitlines()[0])
+    except Exception as e:
+        result.update(status="failed", error=f"{type(e).__name__}: {e}")
+        log.exception("rank %d failed", rank)
+    finally:
+        if result["status"] == "running":
+            result.update(status="interrupted", error="interrupted")
+        result.setdefault("metrics", {})
+        if "device" in result and result["device"].startswith("cuda"):
+            from lorabench.metrics import memory_stats
+
+            result["metrics"] = {**memory_stats(torch.device(result["device"])), **result["metrics"]}
+        atomic_write_json(run_dir / f"rank{rank}.json", result)
+    if result["status"] != "ok":
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    worker(Path(sys.argv[1]))

@@ -1,0 +1,46 @@
+"""Multi-process cells: torchrun ranks on the CPU (gloo) with the tiny model. The rank results add
+up to one cell result, and DDP at batch B per rank trains exactly like one process at batch 2B."""
+
+import pytest
+from conftest import read_steps, run_in_process
+
+from lorabench.report import write_report
+
+# Fixed-length synthetic rows: every rank has the same tokens per step, so the mean of the ranks'
+# mean losses is the mean loss of the doubled batch. LoRA dropout off: each rank would draw its own.
+COMMON = ["train.device=cpu", "data=synthetic", "data.max_samples=64", "seq_len=64", "lora.dropout=0",
+          "train.max_steps=6", "train.timing_warmup_steps=2"]
+
+
+def test_two_rank_cell_matches_one_process_at_the_doubled_batch(tmp_path):
+    """Tolerance 1e-4 on each step's loss (fp32; what differs is the all-reduce's summation order,
+    ~1e-6 relative): the ranks see the two halves of the 1-process batch (accelerate shards the same
+    seeded sampler by batches), so the losses agree step by step, not just on average."""
+    two = run_in_process([*COMMON, "batch=2", "train.nproc=2"], tmp_path / "0")
+    one = run_in_process([*COMMON, "batch=4"], tmp_path / "1")
+    assert two["status"] == one["status"] == "ok", (two.get("error"), one.get("error"))
+    a, b = [s["loss"] for s in read_steps(tmp_path / "0")], [s["loss"] for s in read_steps(tmp_path / "1")]
+    assert len(a) == len(b) == 6 and max(abs(x - y) for x, y in zip(a, b)) < 1e-4
+    m = two["metrics"]
+    assert m["dist/world_size"] == 2 and two["dist"]["devices"] == ["cpu", "cpu"]
+    # global counts: both ranks' samples, 2 x 2 per step over 4 timed steps
+    assert m["count/samples"] == 16 == one["metrics"]["count/samples"]
+    assert m["count/tokens_nonpad"] == 16 * 64
+    assert m["cost/usd_per_hour"] == 2 * one["metrics"]["cost/usd_per_hour"]  # two processes' hours
+    assert (tmp_path / "0" / "steps.rank1.jsonl").exists() and (tmp_path / "0" / "ranks.log").exists()
+    # the sweep report's scaling table pairs the 2-process cell with its 1-process twin
+    for i in (0, 1):
+        (tmp_path / str(i) / ".hydra").mkdir()
+    md = write_report(tmp_path)["markdown"]
+    assert "Scaling over GPUs" in md and "| 2 |" in md
+
+
+def test_more_processes_than_gpus_is_refused_before_any_launch(tmp_path):
+    import torch
+
+    if torch.cuda.device_count() >= 64:
+        pytest.skip("a node with 64 GPUs")
+    r = run_in_process(["train.nproc=64", "train.device=auto", "train.max_steps=6", "train.timing_warmup_steps=2"],
+                       tmp_path)
+    assert r["status"] == "failed" and "train.nproc=64" in r["error"] and "train.device=cpu" in r["error"]
+    assert not (tmp_path / "ranks.log").exists()
