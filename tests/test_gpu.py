@@ -17,6 +17,8 @@ def test_quantised_and_half_precision_cells_run(tmp_path, precision, optimizer):
     assert m["mem/peak_allocated_gib"] > 0 and m["mem/peak_reserved_gib"] >= m["mem/peak_allocated_gib"]
     assert m["gpu/nvml_samples"] >= 1 and m["gpu/power_mean_w"] > 0
     assert m["perf/mfu_pct"] > 0 and m["perf/tokens_per_s"] > 0
+    # one GPU, one batch of 4 per step, also on a node with several GPUs (no DataParallel)
+    assert m["count/samples"] == 4 * m["count/timed_steps"]
     assert all(s["loss"] == s["loss"] for s in read_steps(tmp_path))  # no NaN
 
 

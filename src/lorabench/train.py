@@ -104,6 +104,12 @@ def measure(c: Config, run_dir: Path, result: dict, logger, rank: int = 0) -> di
         report_to="none",
         disable_tqdm=True,
     )
+    if device.type == "cuda" and c.train.nproc == 1:
+        # One process on a node with several GPUs: the Trainer would wrap the model in
+        # nn.DataParallel over all of them (and multiply the batch by their number). A cell uses
+        # exactly the GPUs it asks for; the Trainer itself forces this for model-parallel models.
+        assert args.device.index == device.index, (args.device, device)
+        args._n_gpu = 1
     trainer = MeasuredTrainer(model=model, args=args, train_dataset=dataset,
                               data_collator=data.build_collator(c, tokenizer),
                               callbacks=callbacks, meter=meter)
