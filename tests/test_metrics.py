@@ -86,3 +86,13 @@ def test_command_line_price_wins_over_the_table():
     spec = resolve_gpu(GpuConfig(name="auto", price_per_hour=2.49, pricing=Pricing.spot), "NVIDIA H100 80GB HBM3")
     assert spec.name == "h100" and spec.price_per_hour == 2.49 and spec.peak_bf16_tflops == 989.0
     assert spec.pricing is Pricing.spot
+
+
+def test_commit_passed_by_the_launcher_wins_over_a_stale_git(monkeypatch):
+    """A tree copied to a GPU box may carry an old .git: the commit the launcher passes is recorded."""
+    from lorabench.results import git_sha
+
+    monkeypatch.setenv("LORABENCH_GIT_SHA", "0123abc")
+    assert git_sha()["sha"] == "0123abc"
+    monkeypatch.delenv("LORABENCH_GIT_SHA")
+    assert git_sha()["sha"] != "0123abc"

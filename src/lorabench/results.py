@@ -35,6 +35,11 @@ def atomic_write_json(path: Path, obj) -> None:
 
 
 def git_sha() -> dict:
+    # A copy of the tree made elsewhere (a container, a remote GPU box) may carry no .git or a
+    # stale one: the launcher that made the copy knows the commit and passes it on, and wins.
+    if os.environ.get("LORABENCH_GIT_SHA"):
+        return {"sha": os.environ["LORABENCH_GIT_SHA"], "dirty": None, "source": "LORABENCH_GIT_SHA"}
+
     def git(*args):
         return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True,
                               timeout=10).stdout.strip()
@@ -44,8 +49,7 @@ def git_sha() -> dict:
             return {"sha": sha, "dirty": bool(git("status", "--porcelain"))}
     except (OSError, subprocess.SubprocessError):
         pass
-    # A copy of the tree without .git (a container, a remote GPU box): the launcher may pass it on.
-    return {"sha": os.environ.get("LORABENCH_GIT_SHA"), "dirty": None}
+    return {"sha": None, "dirty": None}
 
 
 def env_info(device=None) -> dict:
