@@ -44,3 +44,22 @@ def test_more_processes_than_gpus_is_refused_before_any_launch(tmp_path):
                        tmp_path)
     assert r["status"] == "failed" and "train.nproc=64" in r["error"] and "train.device=cpu" in r["error"]
     assert not (tmp_path / "ranks.log").exists()
+
+
+def test_submitit_local_launcher_runs_a_cell_to_its_result(tmp_path):
+    """hydra/launcher=local: submitit's local executor (the SLURM path without a cluster)."""
+    from conftest import FAST, read_result, run_cli
+
+    run_cli("train.py", ["-m", "hydra/launcher=local", *FAST, "seq_len=64", f"hydra.sweep.dir={tmp_path}"])
+    assert read_result(tmp_path / "0")["status"] == "ok"
+    assert "| ok |" in (tmp_path / "results.md").read_text()  # the end-of-sweep report ran too
+    assert any((tmp_path / ".submitit").iterdir())
+
+
+def test_slurm_launcher_composes_with_one_gpu_per_cell():
+    from conftest import compose_cfg
+
+    cfg = compose_cfg(["hydra/launcher=slurm", "hydra.launcher.partition=gpu"], return_hydra_config=True)
+    launcher = cfg.hydra.launcher
+    assert launcher._target_.endswith("SlurmLauncher") and launcher.partition == "gpu"
+    assert launcher.gpus_per_node == 1 and launcher.tasks_per_node == 1 and launcher.max_num_timeout == 3

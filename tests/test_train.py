@@ -73,7 +73,7 @@ def test_card_multirun_leaves_one_result_per_cell(tmp_path):
     assert len((tmp_path / "results.csv").read_text().splitlines()) == 5
 
 
-def test_synthetic_tokens_count_exactly(tmp_path):
+def test_synthetic_tokens_count_exactly_and_a_partial_sweep_still_reports(tmp_path):
     run_cli("train.py", ["-m", "data=synthetic", "seq_len=24,40", "batch=3", *FAST, f"hydra.sweep.dir={tmp_path}"])
     for cell_dir in (tmp_path / "0", tmp_path / "1"):
         r, steps = read_result(cell_dir), read_steps(cell_dir)
@@ -83,6 +83,14 @@ def test_synthetic_tokens_count_exactly(tmp_path):
         m = r["metrics"]
         assert m["data/nonpad_fraction"] == 1
         assert m["perf/tokens_per_s"] == pytest.approx(m["perf/samples_per_s"] * seq_len)
+
+    # The same sweep, as if cell 1 had been killed mid-run: the report still comes, naming it.
+    (tmp_path / "1" / "metrics.json").unlink()
+    (tmp_path / "results.md").unlink()
+    out = write_report(tmp_path)  # what `python bench.py sweep_dir=...` runs (its CLI: test_report.py)
+    md = (tmp_path / "results.md").read_text()
+    assert md == out["markdown"] + "\n"
+    assert md.count("| ok |") == 1 and "No result (incomplete): 1" in md and "seq_len=24" in md
 
 
 def test_failed_cell_is_recorded_and_the_others_finish(tmp_path):
@@ -97,18 +105,6 @@ def test_failed_cell_is_recorded_and_the_others_finish(tmp_path):
     assert all(math.isfinite(r["metrics"]["perf/tokens_per_s"]) for r in (results[0], results[2]))
     table = (tmp_path / "results.md").read_text()
     assert "failed: ValueError: lora.target_modules=['nope_proj']" in table
-
-
-def test_bench_report_on_a_partial_sweep(tmp_path):
-    run_cli("train.py", ["-m", "batch=2,3", *FAST, f"hydra.sweep.dir={tmp_path}"])
-    (tmp_path / "1" / "metrics.json").unlink()  # as if cell 1 had been killed mid-run
-    (tmp_path / "results.md").unlink()
-    from lorabench.report import write_report
-
-    out = write_report(tmp_path)  # what `python bench.py sweep_dir=...` runs (its CLI: test_report.py)
-    md = (tmp_path / "results.md").read_text()
-    assert md == out["markdown"] + "\n"
-    assert md.count("| ok |") == 1 and "No result (incomplete): 1" in md and "batch=2" in md
 
 
 @pytest.mark.parametrize("override,message", [
