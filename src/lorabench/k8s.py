@@ -1,0 +1,106 @@
+"""Kubernetes: one Job manifest per cell of a sweep, rendered from the composed Hydra configs.
+
+The sweep is expanded the way Hydra's basic sweeper does it (the experiment's hydra.sweeper.params,
+then the command line's comma lists, which win for the same key), and every cell's config is
+composed and checked against the schemas here, so a typo fails on your machine, not in a pod. In
+the pod, train.py runs that one cell in single-run mode with its run dir set explicitly, on the
+shared volume; `python bench.py sweep_dir=/data/outputs/<sweep>` then reports the sweep.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import re
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
+
+NAMESPACE = "lorabench"
+DATA = "/data"  # the PVC: outputs/, cache/ (tokenised data), models/ (local weights)
+
+
+def expand(overrides: list[str], compose) -> list[list[str]]:
+    """The cells of `python train.py -m <overrides>`: a list of override lists, in Hydra's order."""
+    parser = OverridesParser.create()
+    given = parser.parse_overrides(overrides)
+    fixed = [o.input_line for o in given if not o.is_sweep_override()]
+    in_config = compose(fixed, return_hydra_config=True).hydra.sweeper.params
+    # key -> "key=a,b,c"; a key given on the command line (swept or not) replaces the config's sweep
+    params = {k: f"{k}={v}" for k, v in (OmegaConf.to_container(in_config) if in_config else {}).items()
+              if k not in {o.get_key_element() for o in given}}
+    params |= {o.get_key_element(): o.input_line for o in given if o.is_sweep_override()}
+    axes = []
+    for key, line in params.items():
+        [sweep] = parser.parse_overrides([line])
+        values = list(sweep.sweep_string_iterator()) if sweep.is_sweep_override() else [line.split("=", 1)[1]]
+        axes.append([f"{key}={v}" for v in values])
+    return [fixed + list(cell) for cell in itertools.product(*axes)]
+
+
+def dns_name(sweep: str, index: int, cell: list[str]) -> str:
+    """A DNS-1123 label (lower-case alphanumerics and '-', at most 63): sweep, cell number, hash."""
+    digest = hashlib.sha1(" ".join(cell).encode()).hexdigest()[:6]
+    base = re.sub(r"[^a-z0-9-]+", "-", sweep.lower()).strip("-")[:45] or "sweep"
+    return f"{base}-{index:03d}-{digest}"
+
+
+def job(name: str, sweep: str, cell: list[str], gpus: int, image: str) -> dict:
+    labels = {"app.kubernetes.io/name": "lorabench", "lorabench/sweep": re.sub(r"[^A-Za-z0-9_.-]", "-", sweep)[:63]}
+    container = {
+        "name": "cell",
+        "image": image,
+        "workingDir": "/app",
+        "command": ["python", "train.py"],
+        # One cell in single-run mode (an experiment may set MULTIRUN), in a run dir all can find.
+        "args": [*cell, "hydra.mode=RUN", f"hydra.run.dir={DATA}/outputs/{sweep}/{name}"],
+        "envFrom": [{"configMapRef": {"name": "lorabench-env"}}],
+        # The W&B key only ever from a Secret, never in a manifest: kubectl create secret (k8s/README.md).
+        "env": [{"name": "WANDB_API_KEY",
+                 "valueFrom": {"secretKeyRef": {"name": "wandb", "key": "api-key", "optional": True}}}],
+        "resources": {"limits": {"nvidia.com/gpu": gpus, "memory": f"{32 + 32 * gpus}Gi"},
+                      "requests": {"cpu": str(4 + 4 * gpus), "memory": f"{32 + 32 * gpus}Gi"}},
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+        "volumeMounts": [{"name": "data", "mountPath": DATA}, {"name": "shm", "mountPath": "/dev/shm"}],
+    }
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": NAMESPACE, "labels": labels,
+                     "annotations": {"lorabench/overrides": " ".join(cell)}},
+        "spec": {
+            "backoffLimit": 0,  # a failed cell is a result (its metrics.json says why), not a retry
+            "ttlSecondsAfterFinished": 7 * 24 * 3600,
+            "template": {
+                "metadata": {"labels": dict(labels)},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000,
+                                        "seccompProfile": {"type": "RuntimeDefault"}},
+                    # GPU nodes only (the label NVIDIA's GPU feature discovery sets), and their taint tolerated.
+                    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [{"matchExpressions": [
+                            {"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]}]}]}}},
+                    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                    "containers": [container],
+                    "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "lorabench-data"}},
+                                # NCCL and DataLoader workers need more shared memory than a pod's 64 MiB
+                                {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}}],
+                },
+            },
+        },
+    }
+
+
+def render(sweep: str, overrides: list[str], image: str, compose) -> list[dict]:
+    """One Job per cell; every cell's config is composed and type-checked first."""
+    from lorabench.config import Config
+
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", sweep):
+        raise ValueError(f"sweep name {sweep!r}: use lower-case letters, digits and '-' (it names Kubernetes Jobs)")
+    jobs = []
+    for i, cell in enumerate(expand(overrides, compose)):
+        cfg = OmegaConf.to_object(compose(cell))  # Hydra's and the schemas' checks, here, not in the pod
+        assert isinstance(cfg, Config)
+        jobs.append(job(dns_name(sweep, i, cell), sweep, cell, cfg.train.nproc, image))
+    return jobs
