@@ -16,6 +16,6 @@ demo: .venv/.installed
 	$(PY) train.py
 
 test: .venv/.installed
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2
 
 .PHONY: demo test

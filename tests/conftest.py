@@ -17,6 +17,11 @@ for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
     os.environ[var] = "1"
 # Tokenised-data cache of the whole test session in a temp dir (subprocesses inherit it).
 os.environ.setdefault("LORABENCH_CACHE", tempfile.mkdtemp(prefix="lorabench-cache-"))
+# Under pytest-xdist (`make test` runs 2 workers on CI's 2 cores), one thread per worker and per
+# subprocess it starts: two workers with two intra-op threads each only contend.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
 CONF = REPO / "conf"
 # A few steps are enough to exercise every part of a cell; the default task test runs the full default.
 FAST = ["train.max_steps=6", "train.timing_warmup_steps=2", "data.max_samples=64"]
