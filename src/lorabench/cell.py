@@ -7,6 +7,7 @@ metrics, the resolved config, the device and GPU spec used for cost, and the env
 from __future__ import annotations
 
 import gc
+import json
 import re
 import logging
 import resource
@@ -65,6 +66,18 @@ class CellSkipped(Exception):
     """Raised by a cell that need not run; its result gets status "skipped" and this reason."""
 
 
+class CellInterrupted(Exception):
+    """Raised by a cell stopped on purpose before its end (SIGTERM); status "interrupted"."""
+
+
+def last_checkpoint(ckpt_dir: Path) -> Path | None:
+    """The newest complete checkpoint-<step> dir. The HF Trainer writes trainer_state.json after the
+    weights, optimizer and RNG states, so a dir without it is a save cut short: skipped."""
+    done = [p for p in ckpt_dir.glob("checkpoint-*") if (p / "trainer_state.json").exists()] \
+        if ckpt_dir.is_dir() else []
+    return max(done, key=lambda p: int(p.name.split("-")[-1]), default=None)
+
+
 SHAPE_KEYS = ("seq_len", "batch")
 
 
@@ -100,6 +113,17 @@ def run(cfg: DictConfig, measure: Callable, job_type: str = "train-cell") -> dic
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    # A repeated command (a requeued job, a re-run sweep) does not redo a finished cell.
+    done = run_dir / "metrics.json"
+    if done.exists() and not OmegaConf.select(cfg, "train.force", default=False):
+        try:
+            previous = json.loads(done.read_text())
+        except json.JSONDecodeError:
+            previous = {}
+        if previous.get("status") == "ok":
+            log.info("cell already finished (%s); train.force=true runs it again", done)
+            print(f"\n{summary_text(previous)}\nresult (from an earlier run): {done}", file=sys.stderr)
+            return previous
     result = {"status": "running", "cell": cell_name(), "job_num": hc.job.num if hc.mode == RunMode.MULTIRUN else 0,
               "run_dir": str(run_dir), "metrics": {},
               "config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)}
@@ -117,6 +141,8 @@ def run(cfg: DictConfig, measure: Callable, job_type: str = "train-cell") -> dic
         result.update(status="oom", error=str(e).splitlines()[0])
     except CellSkipped as e:
         result.update(status="skipped", error=str(e))
+    except CellInterrupted as e:
+        result.update(status="interrupted", error=str(e))
     except Exception as e:
         result.update(status="failed", error=f"{type(e).__name__}: {e}")
         (run_dir / "error.txt").write_text(traceback.format_exc())

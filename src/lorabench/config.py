@@ -257,6 +257,13 @@ class TrainConfig:
     # Processes (GPUs) per cell: > 1 runs the cell with DDP, one process per GPU of this node,
     # started by torchrun (lorabench.distributed); batch is per process. With device=cpu: gloo.
     nproc: int = 1
+    # Checkpoints (LoRA adapter, optimizer, scheduler, RNG states, data position; the HF Trainer's)
+    # every save_steps optimizer steps in <run dir>/checkpoints (0 = none; SIGTERM still writes one).
+    # Re-running the same command (same run dir) resumes from the newest complete one (resume=true)
+    # and a cell whose metrics.json says ok is not run again unless force=true.
+    save_steps: int = 0
+    resume: bool = True
+    force: bool = False
     gradient_checkpointing: bool = False
     seed: int = 0
     device: Device = Device.auto
@@ -265,6 +272,8 @@ class TrainConfig:
         _positive("train.max_steps", self.max_steps)
         _positive("train.grad_accum", self.grad_accum)
         _positive("train.nproc", self.nproc)
+        if self.save_steps < 0:
+            raise ValueError(f"train.save_steps must be >= 0 (0 = no periodic checkpoint), got {self.save_steps}")
         if not 0 <= self.timing_warmup_steps < self.max_steps:
             raise ValueError(f"train.timing_warmup_steps must be in [0, train.max_steps={self.max_steps}), "
                              f"got {self.timing_warmup_steps}: no step would be timed")

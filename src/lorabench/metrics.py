@@ -57,21 +57,26 @@ class MeasuredTrainer(Trainer):
 
 
 class StepMeter(TrainerCallback):
-    """Per-step wall time, token counts and loss; one line per step in steps.jsonl."""
+    """Per-step wall time, token counts and loss; one line per step in steps.jsonl.
 
-    def __init__(self, device: torch.device, warmup_steps: int, steps_path: Path, sampler=None, on_step=None):
+    The first `warmup_steps` steps of this process are not timed, also after a resume (a new
+    process warms up again); `earlier_steps` are the records of the steps before a resume."""
+
+    def __init__(self, device: torch.device, warmup_steps: int, steps_path: Path, sampler=None, on_step=None,
+                 earlier_steps: list[dict] = ()):
         self.device, self.warmup_steps, self.sampler, self.on_step = device, warmup_steps, sampler, on_step
-        self.steps: list[dict] = []
+        self.steps: list[dict] = list(earlier_steps)
         self._file = open(steps_path, "a", buffering=1)  # line-buffered: a killed cell keeps its steps
         self._counts = torch.zeros(4, dtype=torch.int64, device=device)
         self._positions = 0
         self._last_end = 0.0
-        self.window_start = None  # perf_counter() at the end of the last warmup step
+        self._seen = 0  # steps ended in this process
 
     @property
     def window_s(self) -> float:
-        """Seconds from the end of the last warmup step to the end of the last step."""
-        return self._last_end - self.window_start
+        """The timed steps' seconds, back to back: within one process, from the end of the last
+        warmup step to the end of the last step; after a resume, the timed spans of each process."""
+        return sum(s["time_s"] for s in self.steps if s["timed"])
 
     def count_batch(self, inputs: dict, real: torch.Tensor) -> None:
         """Count one micro-batch; `real` is 1 on real tokens, 0 on padding.
@@ -98,13 +103,9 @@ class StepMeter(TrainerCallback):
         """Start the current step's clock now: what happened since the last step end (e.g. starting
         the profiler) is not part of any step."""
         sync(self.device)
-        now = time.perf_counter()
-        if self.window_start == self._last_end:  # the timed window began at that step end: it begins now
-            self.window_start = now
-        self._last_end = now
+        self._last_end = time.perf_counter()
 
     def _start_window(self) -> None:
-        self.window_start = self._last_end
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         if self.sampler:
@@ -117,12 +118,13 @@ class StepMeter(TrainerCallback):
         total = self._positions
         self._counts.zero_()
         self._positions = 0
+        self._seen += 1
         self.steps.append({"step": state.global_step, "time_s": now - self._last_end,
-                           "timed": state.global_step > self.warmup_steps,
+                           "timed": self._seen > self.warmup_steps,
                            "tokens_nonpad": nonpad, "tokens_total": total, "tokens_label": labelled,
                            "samples": samples, "sum_len_sq": sq})
         self._last_end = now
-        if state.global_step == self.warmup_steps:
+        if self._seen == self.warmup_steps:
             self._start_window()
 
     def on_log(self, args, state, control, logs=None, **kwargs):

@@ -23,15 +23,19 @@ LIBS = ("torch", "transformers", "peft", "accelerate", "bitsandbytes", "hydra-co
         "mistral-common", "nvidia-ml-py", "wandb")
 
 
-def atomic_write_json(path: Path, obj) -> None:
+def atomic_write_text(path: Path, text: str) -> None:
     """Write then rename: a reader never sees a half-written file, even if this process dies."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     with os.fdopen(fd, "w") as f:
-        json.dump(obj, f, indent=2, default=str)
+        f.write(text)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def atomic_write_json(path: Path, obj) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, default=str))
 
 
 def git_sha() -> dict:

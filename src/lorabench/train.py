@@ -6,7 +6,10 @@ cell.run wraps it: config checks before, the result file after, whatever happens
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -19,6 +22,7 @@ from lorabench import cell, data, modeling
 from lorabench.config import Config, Precision
 from lorabench.metrics import MeasuredTrainer, NvmlSampler, StepMeter, memory_stats, summarize
 from lorabench.profile import StepProfiler
+from lorabench.results import atomic_write_text
 
 log = logging.getLogger(__name__)
 
@@ -68,15 +72,28 @@ def measure(c: Config, run_dir: Path, result: dict, logger, rank: int = 0) -> di
     # Untimed: the warmup steps, then the profiled ones (profiling slows a step down).
     untimed = c.train.timing_warmup_steps + c.train.profile_steps
     steps_file = run_dir / ("steps.jsonl" if rank == 0 else f"steps.rank{rank}.jsonl")
-    meter = StepMeter(device, untimed, steps_file, sampler, logger.log_step)
-    callbacks = [meter] + ([ProgressBar(c.train.max_steps, meter)] if rank == 0 else [])
+    # A re-run of a killed cell resumes from its newest complete checkpoint; the step records after
+    # that checkpoint are dropped, those steps are trained again.
+    ckpt_dir = run_dir / "checkpoints"
+    last = cell.last_checkpoint(ckpt_dir) if c.train.resume else None
+    earlier = []
+    if last is not None:
+        done = int(last.name.split("-")[-1])
+        earlier = [s for s in map(json.loads, steps_file.read_text().splitlines()) if s["step"] <= done] \
+            if steps_file.exists() else []
+        atomic_write_text(steps_file, "".join(json.dumps(s) + "\n" for s in earlier))
+        result["resumed_from_step"] = done
+        log.info("resuming from %s (%d step records kept)", last, len(earlier))
+    meter = StepMeter(device, untimed, steps_file, sampler, logger.log_step, earlier_steps=earlier)
+    preemption = Preemption()
+    callbacks = [meter, preemption] + ([ProgressBar(c.train.max_steps, meter)] if rank == 0 else [])
     profile = c.train.profile_steps and rank == 0  # one rank's profile: the others wait on it at the all-reduce
     if profile:  # after the meter, whose step-end synchronisation it relies on
         profiler = StepProfiler(device, c.train.timing_warmup_steps, c.train.profile_steps, run_dir, meter)
         callbacks.insert(1, profiler)
     p = c.precision.name
     args = TrainingArguments(
-        output_dir=str(run_dir / "trainer"),
+        output_dir=str(ckpt_dir),
         per_device_train_batch_size=c.batch,
         gradient_accumulation_steps=c.train.grad_accum,
         max_steps=c.train.max_steps,
@@ -100,7 +117,9 @@ def measure(c: Config, run_dir: Path, result: dict, logger, rank: int = 0) -> di
         remove_unused_columns=False,
         logging_steps=1,  # a loss per step; the .item() it costs is inside the step's time
         logging_nan_inf_filter=False,  # a NaN loss must show, not be averaged away
-        save_strategy="no",
+        save_strategy="steps" if c.train.save_steps else "no",
+        save_steps=c.train.save_steps or 500,  # (unused when save_strategy is "no")
+        save_total_limit=2,  # the newest and the one before, in case the newest is half-written
         report_to="none",
         disable_tqdm=True,
     )
@@ -115,13 +134,18 @@ def measure(c: Config, run_dir: Path, result: dict, logger, rank: int = 0) -> di
                               callbacks=callbacks, meter=meter)
     trainer.remove_callback(PrinterCallback)  # it prints every log dict; the bar shows them
     try:
-        trainer.train()
+        trainer.train(resume_from_checkpoint=str(last) if last else None)
     finally:
         meter.close()  # stops the NVML thread and closes steps.jsonl, also after an OOM
+        preemption.close()
         if profile:
             profiler.close()
         with contextlib.suppress(OSError):
-            (run_dir / "trainer").rmdir()  # the Trainer's output_dir: nothing is saved there yet
+            ckpt_dir.rmdir()  # the Trainer's output_dir, when no checkpoint was asked for
+    if preemption.signalled:
+        step = meter.steps[-1]["step"] if meter.steps else 0
+        raise cell.CellInterrupted(f"SIGTERM: stopped after step {step} with a checkpoint in {ckpt_dir}; "
+                                   "run the same command again to resume")
 
     arch = {"layers": model.config.num_hidden_layers, "heads": model.config.num_attention_heads,
             "head_dim": model.config.head_dim}
@@ -136,6 +160,33 @@ def measure(c: Config, run_dir: Path, result: dict, logger, rank: int = 0) -> di
     result["rank"] = {"steps": meter.steps, "window_s": meter.window_s, "params": params, "arch": arch,
                       "data_stats": data_stats}
     return metrics
+
+
+class Preemption(TrainerCallback):
+    """SIGTERM (a spot reclaim, a SLURM preemption, a Kubernetes eviction): finish the current
+    step, save a checkpoint and stop; a re-run of the same command resumes from it."""
+
+    def __init__(self):
+        self.signalled = False
+        self._previous = None
+
+    def on_train_begin(self, args, state, control, **kw):
+        if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
+            self._previous = signal.signal(signal.SIGTERM, self._on_signal)
+
+    def _on_signal(self, signum, frame):
+        log.warning("SIGTERM: saving a checkpoint at the end of this step, then stopping")
+        self.signalled = True
+
+    def on_step_end(self, args, state, control, **kw):
+        if self.signalled:
+            control.should_save = True
+            control.should_training_stop = True
+
+    def close(self) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+            self._previous = None
 
 
 class ProgressBar(TrainerCallback):
