@@ -68,3 +68,37 @@ def test_kill_and_sigterm_then_rerun_resume_exactly(tmp_path):
     proc = run_cli("train.py", [*COMMON, f"hydra.run.dir={termed}"])
     assert "from an earlier run" in proc.stderr and (termed / "steps.jsonl").read_text() == before
     assert json.loads((termed / "metrics.json").read_text())["metrics"] == m
+
+
+def test_failures_are_isolated_in_a_12_cell_sweep(tmp_path):
+    """12 cells (tests/conf/case/): nine that work, one out of memory, one whose loss diverges, one
+    with unreadable data. The nine finish, the three are recorded with their reasons, and the
+    sweep report lists them. The OOM is real: the sweep runs under an 8 GiB address-space limit
+    (RLIMIT_AS), so the 16 GiB logits are refused by the allocator at once, without the host's
+    OOM killer ever being involved."""
+    import resource
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "a fine line"}\n{"text": "cut off\n')
+    sweep = tmp_path / "sweep"
+
+    def limit_memory():
+        resource.setrlimit(resource.RLIMIT_AS, (8 * 2**30, 8 * 2**30))
+
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), "-m", f"hydra.searchpath=[file://{REPO / 'tests' / 'conf'}]",
+         "+case=" + ",".join(sorted(p.stem for p in (REPO / "tests" / "conf" / "case").glob("*.yaml"))),
+         "train.max_steps=6", "train.timing_warmup_steps=2", f"hydra.sweep.dir={sweep}"],
+        cwd=REPO, capture_output=True, text=True, timeout=600, preexec_fn=limit_memory,
+        env={**os.environ, "LORABENCH_TEST_BAD_JSONL": str(bad), "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = {r["cell"].split(",")[0].removeprefix("+case="): r for r in map(read_result, sweep.glob("[0-9]*"))}
+    assert len(results) == 12
+    assert sorted(k for k, r in results.items() if r["status"] == "ok") == [f"ok{i}" for i in range(1, 10)]
+    assert results["oom"]["status"] == "oom" and "can't allocate memory" in results["oom"]["error"]
+    assert results["diverge"]["status"] == "failed" and "loss is nan" in results["diverge"]["error"]
+    assert results["bad_data"]["status"] == "failed" and f"{bad}:2" in results["bad_data"]["error"]
+    md, page = (sweep / "results.md").read_text(), (sweep / "report.html").read_text()
+    assert md.count("| ok |") == 9 and md.count("| oom: host memory") == 1 and md.count("| failed: ") == 2
+    for reason in ("host memory: [enforce fail", "FloatingPointError: loss is nan", f"{bad}:2"):
+        assert reason in page, reason  # the report's table gives each reason in full

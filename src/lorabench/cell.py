@@ -70,6 +70,12 @@ class CellInterrupted(Exception):
     """Raised by a cell stopped on purpose before its end (SIGTERM); status "interrupted"."""
 
 
+def is_host_oom(e: BaseException) -> bool:
+    """A CPU cell that asked the host for more memory than it has (PyTorch's CPU allocator)."""
+    msg = str(e)
+    return "DefaultCPUAllocator" in msg and ("not enough memory" in msg or "can't allocate memory" in msg)
+
+
 def last_checkpoint(ckpt_dir: Path) -> Path | None:
     """The newest complete checkpoint-<step> dir. The HF Trainer writes trainer_state.json after the
     weights, optimizer and RNG states, so a dir without it is a save cut short: skipped."""
@@ -144,9 +150,12 @@ def run(cfg: DictConfig, measure: Callable, job_type: str = "train-cell") -> dic
     except CellInterrupted as e:
         result.update(status="interrupted", error=str(e))
     except Exception as e:
-        result.update(status="failed", error=f"{type(e).__name__}: {e}")
-        (run_dir / "error.txt").write_text(traceback.format_exc())
-        log.error("cell failed: %s (traceback in %s)", result["error"], run_dir / "error.txt")
+        if is_host_oom(e):  # a CPU cell out of host memory is as much out of memory as a GPU cell
+            result.update(status="oom", error="host memory: " + str(e).splitlines()[0][:300])
+        else:
+            result.update(status="failed", error=f"{type(e).__name__}: {e}")
+            (run_dir / "error.txt").write_text(traceback.format_exc())
+            log.error("cell failed: %s (traceback in %s)", result["error"], run_dir / "error.txt")
     finally:
         if result["status"] == "running":  # KeyboardInterrupt or SystemExit passing through
             result.update(status="interrupted", error="interrupted before the cell finished")

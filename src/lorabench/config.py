@@ -110,6 +110,9 @@ class ModelConfig:
     # Tokenizer file shipped inside the mistral-common wheel (mistral_common/data/), or a path.
     tokenizer: str = "mistral_instruct_tokenizer_240323.model.v3"
     attn_implementation: str = "sdpa"
+    # A checkpoint's own Python code is not run, and pickled (.bin) weights are not loaded, unless asked.
+    trust_remote_code: bool = False
+    safetensors_only: bool = True
 
     def __post_init__(self) -> None:
         for k in ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",

@@ -74,6 +74,45 @@ def check_compatible(cfg: Config, device: torch.device) -> None:
     if cfg.seq_len > cfg.model.max_position_embeddings:
         raise ValueError(f"seq_len={cfg.seq_len} exceeds model.max_position_embeddings="
                          f"{cfg.model.max_position_embeddings} of model={cfg.model.name}")
+    unknown = sorted(set(cfg.lora.target_modules) - set(MISTRAL_LINEAR) - {"all-linear"})
+    if unknown:
+        raise ValueError(f"lora.target_modules={cfg.lora.target_modules}: {unknown} is not a linear layer of a "
+                         f"Mistral model; use any of {list(MISTRAL_LINEAR)} or [all-linear]")
+    if cfg.model.path:
+        check_checkpoint(cfg.model)
+
+
+# The linear layers of a Mistral decoder layer, the names LoRA can target.
+MISTRAL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def check_checkpoint(model_cfg: ModelConfig) -> None:
+    """A local checkpoint's weights: safetensors (unless asked otherwise) with readable headers,
+    so a truncated or corrupt download fails here, naming the file, not deep inside the loader."""
+    local = Path(model_cfg.path).expanduser()
+    if not local.is_dir():
+        return  # a hub id (online only) or a missing dir: build_model says which
+    tensors = sorted(local.glob("*.safetensors"))
+    if not tensors:
+        others = sorted(p.name for p in local.iterdir() if p.suffix in (".bin", ".pt", ".pth"))
+        if model_cfg.safetensors_only or not others:
+            raise FileNotFoundError(
+                f"model.path={model_cfg.path!r}: no *.safetensors file"
+                + (f" (found {others}: pickled weights can run code; model.safetensors_only=false "
+                   "loads them anyway)" if others else ""))
+        return
+    from safetensors import safe_open
+
+    for f in tensors:
+        size = f.stat().st_size
+        try:
+            # Opening parses the header and checks that its tensors cover the file exactly:
+            # a truncated or overwritten file fails here.
+            with safe_open(str(f), framework="pt"):
+                pass
+        except Exception as e:
+            raise ValueError(f"model.path={model_cfg.path!r}: {f.name} is not a readable safetensors file "
+                             f"({size:,} bytes): {e}") from None
 
 
 def build_tokenizer(model_cfg: ModelConfig):
@@ -153,7 +192,7 @@ def build_model(cfg: Config, device: torch.device):
             str(local) if local.exists() else cfg.model.path,
             dtype=dtype, quantization_config=quant, device_map=device_map,
             attn_implementation=cfg.model.attn_implementation,
-            use_safetensors=True, trust_remote_code=False,
+            use_safetensors=cfg.model.safetensors_only or None, trust_remote_code=cfg.model.trust_remote_code,
         )
         weights = cfg.model.path
     else:
