@@ -148,6 +148,7 @@ def test_out_of_memory_is_recorded_as_oom(tmp_path, monkeypatch):
 def test_every_cpu_option_trains(tmp_path, overrides):
     result = run_in_process([*overrides, *FAST], tmp_path)
     assert result["status"] == "ok", result.get("error")
+    assert "rank" not in read_result(tmp_path)  # per-rank records are for DDP launchers only
     m, cfg = result["metrics"], result["config"]
     assert math.isfinite(m["train/loss_final"]) and m["perf/tokens_per_s"] > 0
     assert m["count/samples"] == cfg["batch"] * cfg["train"]["grad_accum"] * m["count/timed_steps"]

@@ -41,7 +41,9 @@ def train_and_measure(c: Config, run_dir: Path, result: dict, logger) -> dict:
         from lorabench import distributed
 
         return distributed.launch(c, run_dir, result)
-    return measure(c, run_dir, result, logger)
+    metrics = measure(c, run_dir, result, logger)
+    result.pop("rank")  # for a rank's launcher only; steps.jsonl has the steps
+    return metrics
 
 
 def measure(c: Config, run_dir: Path, result: dict, logger, rank: int = 0) -> dict:
