@@ -1,5 +1,6 @@
-"""A cell survives the machine dying: kill -9 or SIGTERM, then the same command resumes from the
-last checkpoint and trains exactly as an uninterrupted run; a finished cell is not run again."""
+"""A cell survives the machine dying: kill -9, SIGTERM or a submitit preemption, then the same
+command resumes from the last checkpoint and trains exactly as an uninterrupted run; a finished
+cell is not run again; in a sweep, cells that fail (OOM, divergence, bad data) fail alone."""
 
 import json
 import os
@@ -11,7 +12,8 @@ import time
 from conftest import REPO, read_result, read_steps, run_cli, run_in_process
 
 # Dropout on (the tiny default): the RNG states in the checkpoint are part of what must come back.
-COMMON = ["train.max_steps=30", "train.timing_warmup_steps=2", "data.max_samples=64", "seq_len=64"]
+STEPS = 20
+COMMON = [f"train.max_steps={STEPS}", "train.timing_warmup_steps=2", "data.max_samples=64", "seq_len=64"]
 
 
 def start_and_stop(run_dir, extra, after_steps, sig):
@@ -37,7 +39,7 @@ def test_kill_and_sigterm_then_rerun_resume_exactly(tmp_path):
     reference = run_in_process(COMMON, tmp_path / "ref")
     assert reference["status"] == "ok", reference.get("error")
     expected = losses(tmp_path / "ref")
-    assert len(expected) == 30
+    assert len(expected) == STEPS
 
     # kill -9 with a checkpoint every 3 steps: the re-run resumes from the newest complete one
     killed = tmp_path / "killed"
@@ -46,7 +48,7 @@ def test_kill_and_sigterm_then_rerun_resume_exactly(tmp_path):
     run_cli("train.py", [*COMMON, "train.save_steps=3", f"hydra.run.dir={killed}"])
     r = read_result(killed)
     assert r["status"] == "ok" and r["resumed_from_step"] >= 6 and r["resumed_from_step"] % 3 == 0
-    assert [s["step"] for s in read_steps(killed)] == list(range(1, 31))
+    assert [s["step"] for s in read_steps(killed)] == list(range(1, STEPS + 1))
     assert losses(killed) == expected  # bit for bit, on CPU
 
     # SIGTERM without periodic checkpoints: one is written at the end of the current step
@@ -61,7 +63,7 @@ def test_kill_and_sigterm_then_rerun_resume_exactly(tmp_path):
     assert r["status"] == "ok" and r["resumed_from_step"] == stopped_at
     assert losses(termed) == expected
     m = r["metrics"]  # timing: warmup again after the resume, every step of both processes counted once
-    assert m["count/timed_steps"] == (stopped_at - 2) + (30 - stopped_at - 2)
+    assert m["count/timed_steps"] == (stopped_at - 2) + (STEPS - stopped_at - 2)
 
     # the same command once more: the finished cell is not run again
     before = (termed / "steps.jsonl").read_text()
@@ -102,3 +104,33 @@ def test_failures_are_isolated_in_a_12_cell_sweep(tmp_path):
     assert md.count("| ok |") == 9 and md.count("| oom: host memory") == 1 and md.count("| failed: ") == 2
     for reason in ("host memory: [enforce fail", "FloatingPointError: loss is nan", f"{bad}:2"):
         assert reason in page, reason  # the report's table gives each reason in full
+
+
+def test_a_preempted_submitit_job_is_requeued_and_resumes(tmp_path):
+    """hydra/launcher=local (submitit's local executor, SLURM's code path): the job's task is sent
+    the preemption signal (USR2); submitit checkpoints the Hydra job, requeues it, and the re-run cell
+    resumes from its newest checkpoint and finishes with the uninterrupted run's losses."""
+    from pathlib import Path
+
+    reference = run_in_process(COMMON, tmp_path / "ref")
+    assert reference["status"] == "ok", reference.get("error")
+    sweep = tmp_path / "sweep"
+    proc = subprocess.Popen([sys.executable, str(REPO / "train.py"), "-m", "hydra/launcher=local", *COMMON,
+                             "train.save_steps=3", f"hydra.sweep.dir={sweep}"],
+                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    steps, deadline, signalled = sweep / "0" / "steps.jsonl", time.time() + 180, False
+    while time.time() < deadline and proc.poll() is None and not signalled:
+        if steps.exists() and len(steps.read_text().splitlines()) >= 8:
+            for pid_dir in Path("/proc").glob("[0-9]*"):  # the job's task: python -m submitit.core._submit
+                try:
+                    cmd = (pid_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                except OSError:
+                    continue
+                if "submitit.core._submit" in cmd and str(sweep) in cmd:
+                    os.kill(int(pid_dir.name), signal.SIGUSR2)
+                    signalled = True
+        time.sleep(0.01)
+    assert proc.wait(timeout=300) == 0 and signalled
+    r = read_result(sweep / "0")
+    assert r["status"] == "ok" and r["resumed_from_step"] >= 6 and r["resumed_from_step"] % 3 == 0
+    assert losses(sweep / "0") == losses(tmp_path / "ref")
