@@ -46,16 +46,6 @@ def test_more_processes_than_gpus_is_refused_before_any_launch(tmp_path):
     assert not (tmp_path / "ranks.log").exists()
 
 
-def test_submitit_local_launcher_runs_a_cell_to_its_result(tmp_path):
-    """hydra/launcher=local: submitit's local executor (the SLURM path without a cluster)."""
-    from conftest import FAST, read_result, run_cli
-
-    run_cli("train.py", ["-m", "hydra/launcher=local", *FAST, "seq_len=64", f"hydra.sweep.dir={tmp_path}"])
-    assert read_result(tmp_path / "0")["status"] == "ok"
-    assert "| ok |" in (tmp_path / "results.md").read_text()  # the end-of-sweep report ran too
-    assert any((tmp_path / ".submitit").iterdir())
-
-
 def test_slurm_launcher_composes_with_one_gpu_per_cell():
     from conftest import compose_cfg
 

@@ -107,7 +107,8 @@ def test_failures_are_isolated_in_a_12_cell_sweep(tmp_path):
 
 
 def test_a_preempted_submitit_job_is_requeued_and_resumes(tmp_path):
-    """hydra/launcher=local (submitit's local executor, SLURM's code path): the job's task is sent
+    """hydra/launcher=local (submitit's local executor, the SLURM launcher's code path; the SLURM
+    config itself is composed in test_distributed.py): the job's task is sent
     the preemption signal (USR2); submitit checkpoints the Hydra job, requeues it, and the re-run cell
     resumes from its newest checkpoint and finishes with the uninterrupted run's losses."""
     from pathlib import Path
@@ -134,3 +135,5 @@ def test_a_preempted_submitit_job_is_requeued_and_resumes(tmp_path):
     r = read_result(sweep / "0")
     assert r["status"] == "ok" and r["resumed_from_step"] >= 6 and r["resumed_from_step"] % 3 == 0
     assert losses(sweep / "0") == losses(tmp_path / "ref")
+    assert "| ok |" in (sweep / "results.md").read_text()  # the end-of-sweep report ran too
+    assert any((sweep / ".submitit").iterdir())
