@@ -28,6 +28,8 @@ if __name__ == "__main__":
                           lambda o, **kw: compose(config_name="train", overrides=list(o), **kw))
     out = Path(a.out) / a.sweep
     out.mkdir(parents=True, exist_ok=True)
-    for j in jobs:
-        (out / f"{j['metadata']['name']}.yaml").write_text(yaml.safe_dump(j, sort_keys=False))
-        print(f"{out / (j['metadata']['name'] + '.yaml')}: {j['metadata']['annotations']['lorabench/overrides']}")
+    for docs in jobs:
+        j = docs[-1]  # the Job (a multi-node cell's Service comes first)
+        path = out / f"{j['metadata']['name']}.yaml"
+        path.write_text(yaml.safe_dump_all(docs, sort_keys=False))
+        print(f"{path}: {j['metadata']['annotations']['lorabench/overrides']}")

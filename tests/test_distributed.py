@@ -1,6 +1,8 @@
 """Multi-process cells: torchrun ranks on the CPU (gloo) with the tiny model. The rank results add
 up to one cell result, and DDP at batch B per rank trains exactly like one process at batch 2B."""
 
+import json
+
 import pytest
 from conftest import read_steps, run_in_process
 
@@ -53,3 +55,37 @@ def test_slurm_launcher_composes_with_one_gpu_per_cell():
     launcher = cfg.hydra.launcher
     assert launcher._target_.endswith("SlurmLauncher") and launcher.partition == "gpu"
     assert launcher.gpus_per_node == 1 and launcher.tasks_per_node == 1 and launcher.max_num_timeout == 3
+
+
+def test_two_node_cell_matches_one_process_at_the_doubled_batch(tmp_path):
+    """Two "nodes" on this machine (two train.py processes, one CPU rank each, static rendezvous at
+    127.0.0.1) in one shared run dir, as a Kubernetes Indexed Job or a 2-node SLURM job would run
+    them: node 0 writes the result for both ranks, node 1 only node1.json; same losses as 1 process
+    at batch 4 within 1e-4."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from conftest import REPO, read_result
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, str(REPO / "train.py"), *COMMON, "batch=2", "train.nnodes=2",
+           f"hydra.run.dir={tmp_path / 'two'}"]
+    procs = [subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "LORABENCH_NODE_RANK": str(node), "MASTER_ADDR": "127.0.0.1",
+                                   "MASTER_PORT": str(port)})
+             for node in (0, 1)]
+    for p in procs:
+        assert p.wait(timeout=300) == 0, p.stderr.read()[-3000:]
+    one = run_in_process([*COMMON, "batch=4"], tmp_path / "one")
+    two = read_result(tmp_path / "two")
+    assert two["status"] == "ok", two.get("error")
+    assert two["dist"]["nnodes"] == 2 and two["metrics"]["dist/world_size"] == 2
+    assert two["metrics"]["count/samples"] == one["metrics"]["count/samples"]
+    a, b = [s["loss"] for s in read_steps(tmp_path / "two")], [s["loss"] for s in read_steps(tmp_path / "one")]
+    assert len(a) == len(b) == 6 and max(abs(x - y) for x, y in zip(a, b)) < 1e-4
+    node1 = json.loads((tmp_path / "two" / "node1.json").read_text())
+    assert node1["status"] == "ok" and node1["dist"]["node"] == 1 and "perf/tokens_per_s" not in node1["metrics"]

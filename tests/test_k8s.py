@@ -41,7 +41,7 @@ def test_base_manifests_validate():
     ("ddp", ["+experiment=ddp_scaling", "train.nproc=1,2"], 2),  # the command line wins over it
 ])
 def test_one_valid_job_per_cell(sweep, overrides, cells):
-    jobs = k8s.render(sweep, overrides, "registry.example.com/lorabench:0.1", compose)
+    jobs = [docs[-1] for docs in k8s.render(sweep, overrides, "registry.example.com/lorabench:0.1", compose)]
     assert len(jobs) == cells and len({j["metadata"]["name"] for j in jobs}) == cells
     for j in jobs:
         validate(j)
@@ -61,6 +61,24 @@ def test_one_valid_job_per_cell(sweep, overrides, cells):
                 for j in jobs] == [1, 2]
 
 
+def test_a_multi_node_cell_is_an_indexed_job_with_a_headless_service():
+    """train.nnodes=2: two pods (index = node rank) that reach pod 0 by its stable DNS name."""
+    [[svc, job]] = k8s.render("multi", ["+experiment=seed_optimum", "train.nnodes=2", "train.nproc=4"], "img",
+                              compose)
+    for doc in (svc, job):
+        validate(doc)
+    name = job["metadata"]["name"]
+    assert svc["metadata"]["name"] == name and svc["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["selector"] == {"lorabench/cell": name} == {
+        k: v for k, v in job["spec"]["template"]["metadata"]["labels"].items() if k == "lorabench/cell"}
+    spec, pod = job["spec"], job["spec"]["template"]["spec"]
+    assert spec["completionMode"] == "Indexed" and spec["completions"] == spec["parallelism"] == 2
+    assert pod["subdomain"] == name
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert env["MASTER_ADDR"] == f"{name}-0.{name}" and env["MASTER_PORT"] == "29500"
+    assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 4
+
+
 def test_a_bad_cell_fails_at_render_time_not_in_a_pod():
     with pytest.raises(Exception, match="batch"):
         k8s.render("bad", ["batch=4,foo"], "img", compose)
@@ -71,7 +89,7 @@ def test_a_bad_cell_fails_at_render_time_not_in_a_pod():
 def test_the_pods_command_runs_one_cell(tmp_path):
     """The rendered args, with the tiny model in place of Mistral-7B: one run dir, one result,
     even though the experiment itself asks for a multirun."""
-    [job] = k8s.render("pod", ["+experiment=diagnostic", "diag=seq512"], "img", compose)
+    [[job]] = k8s.render("pod", ["+experiment=diagnostic", "diag=seq512"], "img", compose)
     args = [a for a in job["spec"]["template"]["spec"]["containers"][0]["args"] if not a.startswith("hydra.run")]
     run_cli("train.py", [*args, "model=tiny", "precision=fp32", "optimizer=adamw_torch", "data=tiny_instruct",
                          "train.gradient_checkpointing=false", *FAST, f"hydra.run.dir={tmp_path}"])

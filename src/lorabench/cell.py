@@ -6,6 +6,7 @@ metrics, the resolved config, the device and GPU spec used for cost, and the env
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import re
@@ -133,13 +134,23 @@ def run(cfg: DictConfig, measure: Callable, job_type: str = "train-cell") -> dic
     result = {"status": "running", "cell": cell_name(), "job_num": hc.job.num if hc.mode == RunMode.MULTIRUN else 0,
               "run_dir": str(run_dir), "metrics": {},
               "config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)}
+    # A multi-node cell runs this on every node, in one shared run dir: node 0 alone writes the
+    # result and talks to W&B; another node records its own outcome in node<r>.json.
+    result_file = run_dir / "metrics.json"
+    if OmegaConf.select(cfg, "train.nnodes", default=1) > 1:
+        from lorabench.distributed import node_rank
+
+        with contextlib.suppress(ValueError):  # no node index: the launch fails with the reason, as node 0
+            if (node := node_rank()) > 0:
+                result_file = run_dir / f"node{node}.json"
     logger = NullLogger()
     t_start = time.perf_counter()
     try:
         # First the logger, so that a cell failing any check below still has its W&B run.
         group = Path(hc.sweep.dir if hc.mode == RunMode.MULTIRUN else hc.run.dir).name
-        logger = build_logger(cfg.logger, name=result["cell"], group=group, config=result["config"],
-                              run_dir=str(run_dir), job_type=job_type)
+        if result_file.name == "metrics.json":
+            logger = build_logger(cfg.logger, name=result["cell"], group=group, config=result["config"],
+                                  run_dir=str(run_dir), job_type=job_type)
         # Range checks (__post_init__) run here; type errors were already caught at composition.
         result["metrics"] = measure(OmegaConf.to_object(cfg), run_dir, result, logger)
         result["status"] = "ok"
@@ -173,12 +184,12 @@ def run(cfg: DictConfig, measure: Callable, job_type: str = "train-cell") -> dic
         result["metrics"]["host/process_max_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
         result["time/total_s"] = time.perf_counter() - t_start
         result["env"] = env_info(device)
-        atomic_write_json(run_dir / "metrics.json", result)
+        atomic_write_json(result_file, result)
         try:
             logger.finish(result)
         except Exception as e:  # a logger must never turn a measured cell into a lost one
             log.warning("logger failed to finish: %s", e)
-        print(f"\n{summary_text(result)}\nresult: {run_dir / 'metrics.json'}", file=sys.stderr)
+        print(f"\n{summary_text(result)}\nresult: {result_file}", file=sys.stderr)
         # The next cell of a multirun runs in this process; the model died with
         # measure's frame, so its memory can go back now. One reference outlives it:
         # for an 8-bit optimizer the HF Trainer registers every nn.Embedding with bitsandbytes'

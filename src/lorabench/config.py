@@ -260,6 +260,11 @@ class TrainConfig:
     # Processes (GPUs) per cell: > 1 runs the cell with DDP, one process per GPU of this node,
     # started by torchrun (lorabench.distributed); batch is per process. With device=cpu: gloo.
     nproc: int = 1
+    # Nodes per cell: > 1 runs train.nproc ranks on each of them. Every node runs the same command
+    # with the same run dir (a shared volume); node 0 writes the result. Needs MASTER_ADDR (node 0's
+    # address) and this node's index: LORABENCH_NODE_RANK, a Kubernetes Indexed Job's
+    # JOB_COMPLETION_INDEX or SLURM_NODEID (lorabench.distributed).
+    nnodes: int = 1
     # Checkpoints (LoRA adapter, optimizer, scheduler, RNG states, data position; the HF Trainer's)
     # every save_steps optimizer steps in <run dir>/checkpoints (0 = none; SIGTERM still writes one).
     # Re-running the same command (same run dir) resumes from the newest complete one (resume=true)
@@ -275,6 +280,7 @@ class TrainConfig:
         _positive("train.max_steps", self.max_steps)
         _positive("train.grad_accum", self.grad_accum)
         _positive("train.nproc", self.nproc)
+        _positive("train.nnodes", self.nnodes)
         if self.save_steps < 0:
             raise ValueError(f"train.save_steps must be >= 0 (0 = no periodic checkpoint), got {self.save_steps}")
         if not 0 <= self.timing_warmup_steps < self.max_steps:

@@ -20,20 +20,41 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
 
 from lorabench.config import Config, GpuConfig, Pricing
+from lorabench.results import atomic_write_text
 
 log = logging.getLogger(__name__)
 CONFIG_FILE = "cell_config.yaml"
 
 
+def node_rank() -> int:
+    """This node's index in a multi-node cell (train.nnodes > 1)."""
+    for var in ("LORABENCH_NODE_RANK", "JOB_COMPLETION_INDEX", "SLURM_NODEID"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    raise ValueError("train.nnodes > 1 needs this node's index: set LORABENCH_NODE_RANK (a Kubernetes Indexed "
+                     "Job sets JOB_COMPLETION_INDEX, SLURM sets SLURM_NODEID)")
+
+
 def launch(c: Config, run_dir: Path, result: dict) -> dict:
-    """Runs the cell on c.train.nproc processes and returns the aggregated metrics."""
-    n = c.train.nproc
+    """Runs the cell on c.train.nproc processes (on each of c.train.nnodes nodes) and returns the
+    aggregated metrics; on a node other than 0, an empty dict (node 0 adds all ranks up)."""
+    n, nodes = c.train.nproc, c.train.nnodes
+    node = node_rank() if nodes > 1 else 0
+    if nodes == 1:
+        rendezvous = ["--standalone"]
+    else:
+        if not os.environ.get("MASTER_ADDR"):
+            raise ValueError(f"train.nnodes={nodes} needs MASTER_ADDR, the address of node 0 (and MASTER_PORT, "
+                             "default 29500) in the environment of every node")
+        rendezvous = [f"--nnodes={nodes}", f"--node-rank={node}", f"--master-addr={os.environ['MASTER_ADDR']}",
+                      f"--master-port={os.environ.get('MASTER_PORT', '29500')}"]
     if c.train.device.value != "cpu":
         available = torch.cuda.device_count()
         if available < n:
@@ -44,16 +65,25 @@ def launch(c: Config, run_dir: Path, result: dict) -> dict:
     from lorabench import data, modeling
 
     data.build_dataset(c, modeling.build_tokenizer(c.model))
-    (run_dir / CONFIG_FILE).write_text(OmegaConf.to_yaml(OmegaConf.structured(c)))
-    for stale in run_dir.glob("rank*.json"):
-        stale.unlink()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
+    atomic_write_text(run_dir / CONFIG_FILE, OmegaConf.to_yaml(OmegaConf.structured(c)))
+    world, mine = n * nodes, range(node * n, (node + 1) * n)  # this node's global ranks
+    for r in mine:
+        (run_dir / f"rank{r}.json").unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "torch.distributed.run", *rendezvous, f"--nproc-per-node={n}",
            "-m", "lorabench.distributed", str(run_dir)]
-    log.info("launching %d ranks: %s (their output: %s)", n, " ".join(cmd), run_dir / "ranks.log")
-    with open(run_dir / "ranks.log", "w") as out:
+    ranks_log = run_dir / ("ranks.log" if nodes == 1 else f"ranks.node{node}.log")
+    log.info("launching %d ranks: %s (their output: %s)", n, " ".join(cmd), ranks_log)
+    with open(ranks_log, "w") as out:
         proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    if node > 0:
+        result["dist"] = {"node": node, "nnodes": nodes, "note": "node 0's metrics.json holds every rank"}
+        return {}
+    # The other nodes' ranks end with ours (every step all-reduces); their files may lag on a shared volume.
+    deadline = time.time() + (120 if proc.returncode == 0 else 0)
+    while time.time() < deadline and not all((run_dir / f"rank{r}.json").exists() for r in range(world)):
+        time.sleep(1)
     ranks = []
-    for r in range(n):
+    for r in range(world):
         path = run_dir / f"rank{r}.json"
         ranks.append(json.loads(path.read_text()) if path.exists() else {"status": "failed", "error": "no result"})
     bad = [(r, x) for r, x in enumerate(ranks) if x["status"] != "ok"]
@@ -61,14 +91,14 @@ def launch(c: Config, run_dir: Path, result: dict) -> dict:
         # One rank's own failure explains the cell; the others typically died of the broken group.
         first = next(((r, x) for r, x in bad if x["status"] == "oom"), None) or next(
             ((r, x) for r, x in bad if x.get("error") != "no result"), bad[0])
-        msg = f"rank {first[0]} of {n}: {first[1].get('error')}"
+        msg = f"rank {first[0]} of {world}: {first[1].get('error')}"
         if first[1]["status"] == "oom":
             raise torch.OutOfMemoryError(msg)
-        tail = (run_dir / "ranks.log").read_text()[-2000:]
-        raise RuntimeError(f"{msg} (torchrun exit code {proc.returncode}); end of ranks.log:\n{tail}")
+        tail = ranks_log.read_text()[-2000:]
+        raise RuntimeError(f"{msg} (torchrun exit code {proc.returncode}); end of {ranks_log.name}:\n{tail}")
     for key in ("model", "device", "gpu"):
         result[key] = ranks[0][key]
-    result["dist"] = {"nproc": n, "devices": [x["device"] for x in ranks]}
+    result["dist"] = {"nproc": n, "nnodes": nodes, "devices": [x["device"] for x in ranks]}
     g = ranks[0]["gpu"]  # the spec rank 0 priced its device with (cell.setup_device)
     spec = GpuConfig(name=g["name"], price_per_hour=g["price_per_hour"], spot_price_per_hour=g["spot_price_per_hour"],
                      peak_bf16_tflops=g["peak_bf16_tflops"], pricing=Pricing(g["pricing"]))

@@ -45,8 +45,12 @@ def dns_name(sweep: str, index: int, cell: list[str]) -> str:
     return f"{base}-{index:03d}-{digest}"
 
 
-def job(name: str, sweep: str, cell: list[str], gpus: int, image: str) -> dict:
-    labels = {"app.kubernetes.io/name": "lorabench", "lorabench/sweep": re.sub(r"[^A-Za-z0-9_.-]", "-", sweep)[:63]}
+def job(name: str, sweep: str, cell: list[str], gpus: int, image: str, nodes: int = 1) -> dict:
+    """The Job of one cell. A multi-node cell (train.nnodes > 1) is an Indexed Job of `nodes` pods
+    that find pod 0 through the headless Service of the same name (service()): each pod's index is
+    its node rank (JOB_COMPLETION_INDEX), pod 0's stable DNS name the rendezvous address."""
+    labels = {"app.kubernetes.io/name": "lorabench", "lorabench/sweep": re.sub(r"[^A-Za-z0-9_.-]", "-", sweep)[:63],
+              "lorabench/cell": name}
     container = {
         "name": "cell",
         "image": image,
@@ -63,6 +67,13 @@ def job(name: str, sweep: str, cell: list[str], gpus: int, image: str) -> dict:
         "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
         "volumeMounts": [{"name": "data", "mountPath": DATA}, {"name": "shm", "mountPath": "/dev/shm"}],
     }
+    spec_extra, pod_extra = {}, {}
+    if nodes > 1:
+        spec_extra = {"completionMode": "Indexed", "completions": nodes, "parallelism": nodes}
+        pod_extra = {"subdomain": name}  # pod i is <name>-i.<name>: the Service below
+        container["env"] += [{"name": "MASTER_ADDR", "value": f"{name}-0.{name}"},
+                             {"name": "MASTER_PORT", "value": str(RENDEZVOUS_PORT)}]
+        container["ports"] = [{"name": "rendezvous", "containerPort": RENDEZVOUS_PORT}]
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -70,10 +81,12 @@ def job(name: str, sweep: str, cell: list[str], gpus: int, image: str) -> dict:
                      "annotations": {"lorabench/overrides": " ".join(cell)}},
         "spec": {
             "backoffLimit": 0,  # a failed cell is a result (its metrics.json says why), not a retry
+            **spec_extra,
             "ttlSecondsAfterFinished": 7 * 24 * 3600,
             "template": {
                 "metadata": {"labels": dict(labels)},
                 "spec": {
+                    **pod_extra,
                     "restartPolicy": "Never",
                     "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000,
                                         "seccompProfile": {"type": "RuntimeDefault"}},
@@ -92,8 +105,21 @@ def job(name: str, sweep: str, cell: list[str], gpus: int, image: str) -> dict:
     }
 
 
-def render(sweep: str, overrides: list[str], image: str, compose) -> list[dict]:
-    """One Job per cell; every cell's config is composed and type-checked first."""
+def service(name: str) -> dict:
+    """Headless Service giving a multi-node cell's pods stable DNS names (published before they are
+    ready: the rendezvous happens before any readiness)."""
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"app.kubernetes.io/name": "lorabench"}},
+            "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": {"lorabench/cell": name},
+                     "ports": [{"name": "rendezvous", "port": RENDEZVOUS_PORT}]}}
+
+
+RENDEZVOUS_PORT = 29500
+
+
+def render(sweep: str, overrides: list[str], image: str, compose) -> list[list[dict]]:
+    """The manifests of each cell (its Job; a multi-node cell's headless Service first); every
+    cell's config is composed and type-checked first."""
     from lorabench.config import Config
 
     if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", sweep):
@@ -102,5 +128,7 @@ def render(sweep: str, overrides: list[str], image: str, compose) -> list[dict]:
     for i, cell in enumerate(expand(overrides, compose)):
         cfg = OmegaConf.to_object(compose(cell))  # Hydra's and the schemas' checks, here, not in the pod
         assert isinstance(cfg, Config)
-        jobs.append(job(dns_name(sweep, i, cell), sweep, cell, cfg.train.nproc, image))
+        name = dns_name(sweep, i, cell)
+        nodes = cfg.train.nnodes
+        jobs.append(([service(name)] if nodes > 1 else []) + [job(name, sweep, cell, cfg.train.nproc, image, nodes)])
     return jobs

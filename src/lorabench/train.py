@@ -37,7 +37,7 @@ def train_and_measure(c: Config, run_dir: Path, result: dict, logger) -> dict:
     if c.train.skip_if_smaller_oom and (oom := cell.smaller_oom(result["config"], run_dir)):
         raise cell.CellSkipped(f"does not fit: cell {oom['job_num']} ({oom['cell']}) with no larger seq_len and "
                                f"batch ran out of memory")
-    if c.train.nproc > 1:
+    if c.train.nproc > 1 or c.train.nnodes > 1:
         from lorabench import distributed
 
         return distributed.launch(c, run_dir, result)
