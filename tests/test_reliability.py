@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from conftest import REPO, read_result, read_steps, run_cli, run_in_process
 
 # Dropout on (the tiny default): the RNG states in the checkpoint are part of what must come back.
@@ -35,10 +36,16 @@ def losses(run_dir):
     return [s["loss"] for s in read_steps(run_dir)]
 
 
-def test_kill_and_sigterm_then_rerun_resume_exactly(tmp_path):
-    reference = run_in_process(COMMON, tmp_path / "ref")
+@pytest.fixture(scope="module")
+def expected(tmp_path_factory):
+    """The losses of the uninterrupted run."""
+    run_dir = tmp_path_factory.mktemp("reference")
+    reference = run_in_process(COMMON, run_dir)
     assert reference["status"] == "ok", reference.get("error")
-    expected = losses(tmp_path / "ref")
+    return losses(run_dir)
+
+
+def test_kill_and_sigterm_then_rerun_resume_exactly(tmp_path, expected):
     assert len(expected) == STEPS
 
     # kill -9 with a checkpoint every 3 steps: the re-run resumes from the newest complete one
@@ -100,21 +107,20 @@ def test_failures_are_isolated_in_a_12_cell_sweep(tmp_path):
     assert results["oom"]["status"] == "oom" and "can't allocate memory" in results["oom"]["error"]
     assert results["diverge"]["status"] == "failed" and "loss is nan" in results["diverge"]["error"]
     assert results["bad_data"]["status"] == "failed" and f"{bad}:2" in results["bad_data"]["error"]
+    assert "Traceback" in (sweep / results["bad_data"]["run_dir"].split("/")[-1] / "error.txt").read_text()
     md, page = (sweep / "results.md").read_text(), (sweep / "report.html").read_text()
     assert md.count("| ok |") == 9 and md.count("| oom: host memory") == 1 and md.count("| failed: ") == 2
     for reason in ("host memory: [enforce fail", "FloatingPointError: loss is nan", f"{bad}:2"):
         assert reason in page, reason  # the report's table gives each reason in full
 
 
-def test_a_preempted_submitit_job_is_requeued_and_resumes(tmp_path):
+def test_a_preempted_submitit_job_is_requeued_and_resumes(tmp_path, expected):
     """hydra/launcher=local (submitit's local executor, the SLURM launcher's code path; the SLURM
     config itself is composed in test_distributed.py): the job's task is sent
     the preemption signal (USR2); submitit checkpoints the Hydra job, requeues it, and the re-run cell
     resumes from its newest checkpoint and finishes with the uninterrupted run's losses."""
     from pathlib import Path
 
-    reference = run_in_process(COMMON, tmp_path / "ref")
-    assert reference["status"] == "ok", reference.get("error")
     sweep = tmp_path / "sweep"
     proc = subprocess.Popen([sys.executable, str(REPO / "train.py"), "-m", "hydra/launcher=local", *COMMON,
                              "train.save_steps=3", f"hydra.sweep.dir={sweep}"],
@@ -134,6 +140,6 @@ def test_a_preempted_submitit_job_is_requeued_and_resumes(tmp_path):
     assert proc.wait(timeout=300) == 0 and signalled
     r = read_result(sweep / "0")
     assert r["status"] == "ok" and r["resumed_from_step"] >= 6 and r["resumed_from_step"] % 3 == 0
-    assert losses(sweep / "0") == losses(tmp_path / "ref")
+    assert losses(sweep / "0") == expected
     assert "| ok |" in (sweep / "results.md").read_text()  # the end-of-sweep report ran too
     assert any((sweep / ".submitit").iterdir())

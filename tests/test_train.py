@@ -93,20 +93,6 @@ def test_synthetic_tokens_count_exactly_and_a_partial_sweep_still_reports(tmp_pa
     assert md.count("| ok |") == 1 and "No result (incomplete): 1" in md and "seq_len=24" in md
 
 
-def test_failed_cell_is_recorded_and_the_others_finish(tmp_path):
-    # Cell 1 names a module the model does not have: it fails after the model is built.
-    proc = run_cli("train.py", ["-m", "lora.target_modules=[q_proj],[nope_proj],[v_proj]", *FAST,
-                                f"hydra.sweep.dir={tmp_path}"])
-    assert proc.returncode == 0  # the sweep itself succeeds
-    results = [read_result(tmp_path / str(i)) for i in range(3)]
-    assert [r["status"] for r in results] == ["ok", "failed", "ok"]
-    assert "nope_proj" in results[1]["error"] and "lora.target_modules" in results[1]["error"]
-    assert "Traceback" in (tmp_path / "1" / "error.txt").read_text()
-    assert all(math.isfinite(r["metrics"]["perf/tokens_per_s"]) for r in (results[0], results[2]))
-    table = (tmp_path / "results.md").read_text()
-    assert "failed: ValueError: lora.target_modules=['nope_proj']" in table
-
-
 @pytest.mark.parametrize("override,message", [
     ("precision=nf4", "needs a CUDA GPU"),
     ("precision=int8", "needs a CUDA GPU"),
@@ -221,7 +207,8 @@ def test_training_from_a_local_checkpoint(tmp_path):
 def test_diagnostic_experiment_runs_its_six_cells(tmp_path):
     run_cli("train.py", ["+experiment=diagnostic", "model=tiny", "data=tiny_instruct", "precision=fp32",
                          "optimizer=adamw_torch", "train.gradient_checkpointing=false", *FAST,
-                         "train.profile_steps=1", f"hydra.sweep.dir={tmp_path}"])
+                         "train.max_steps=5", "train.timing_warmup_steps=1", "train.profile_steps=1",
+                         f"hydra.sweep.dir={tmp_path}"])
     results = [read_result(tmp_path / str(i)) for i in range(6)]
     assert [r["status"] for r in results] == ["ok"] * 6
     assert [r["config"]["seq_len"] for r in results] == [1024, 1024, 1024, 512, 512, 1024]
