@@ -1,4 +1,5 @@
-"""Multi-GPU cells: train.nproc DDP processes on this node, started by torchrun.
+"""Multi-GPU cells: train.nproc DDP processes on this node (and on each of train.nnodes nodes),
+started by torchrun.
 
 The Hydra process composes and resolves the cell's config once and writes it to the run dir; it
 then starts `torchrun --standalone --nproc-per-node N -m lorabench.distributed <run_dir>`. Every
@@ -6,6 +7,10 @@ rank loads that file (Hydra never runs in a rank, so no rank composes anything o
 run dir), trains the same cell with the HF Trainer's DDP on its own device, one full 4-bit copy of
 the model each, and writes rank<r>.json. The Hydra process adds the ranks up into the cell's one
 result, and keeps every side effect (metrics.json, W&B) to itself.
+
+Several nodes (train.nnodes > 1): every node runs the same command with the same run dir (a shared
+volume); torchrun meets at MASTER_ADDR with a static rendezvous instead of --standalone; node 0
+waits for every rank's file and writes the result, the other nodes only node<r>.json.
 
 Aggregation: each step's tokens and samples are summed over ranks and its time is the slowest
 rank's (the gradient all-reduce makes every rank wait for it); throughput is global, MFU is over N
@@ -77,6 +82,9 @@ def launch(c: Config, run_dir: Path, result: dict) -> dict:
         proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     if node > 0:
         result["dist"] = {"node": node, "nnodes": nodes, "note": "node 0's metrics.json holds every rank"}
+        if proc.returncode != 0:
+            raise RuntimeError(f"node {node}: torchrun exit code {proc.returncode}; end of {ranks_log.name}:\n"
+                               + ranks_log.read_text()[-2000:])
         return {}
     # The other nodes' ranks end with ours (every step all-reduces); their files may lag on a shared volume.
     deadline = time.time() + (120 if proc.returncode == 0 else 0)
