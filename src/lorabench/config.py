@@ -273,6 +273,10 @@ class TrainConfig:
     resume: bool = True
     force: bool = False
     gradient_checkpointing: bool = False
+    # With gradient_checkpointing: the fraction of decoder layers whose activations are recomputed
+    # in the backward pass (the first round(f x layers)); 1 = every layer (HF's), 0 = none. Each
+    # layer left out costs its activations' memory and saves a third of its compute.
+    checkpoint_fraction: float = 1.0
     seed: int = 0
     device: Device = Device.auto
 
@@ -281,6 +285,8 @@ class TrainConfig:
         _positive("train.grad_accum", self.grad_accum)
         _positive("train.nproc", self.nproc)
         _positive("train.nnodes", self.nnodes)
+        if not 0.0 <= self.checkpoint_fraction <= 1.0:
+            raise ValueError(f"train.checkpoint_fraction must be in [0, 1], got {self.checkpoint_fraction!r}")
         if self.save_steps < 0:
             raise ValueError(f"train.save_steps must be >= 0 (0 = no periodic checkpoint), got {self.save_steps}")
         if not 0 <= self.timing_warmup_steps < self.max_steps:
@@ -301,6 +307,7 @@ class Config:
     model: ModelConfig = MISSING
     precision: PrecisionConfig = MISSING
     lora: LoraConfig = field(default_factory=LoraConfig)
+    backend: BackendConfig = MISSING
     optimizer: OptimizerConfig = MISSING
     data: DataConfig = MISSING
     gpu: GpuConfig = MISSING
@@ -311,6 +318,40 @@ class Config:
     def __post_init__(self) -> None:
         _positive("seq_len", self.seq_len)
         _positive("batch", self.batch)
+
+
+class Backend(Enum):
+    hf = "hf"  # the seed's recipe as it is: HF Trainer, PEFT, bitsandbytes, SDPA, fp32 norms under QLoRA
+    liger = "liger"  # the same recipe with Liger-Kernel's fused Triton ops
+    unsloth = "unsloth"  # Unsloth's patched model (optional extra: pip install unsloth)
+    fast = "fast"  # lorabench's path: Liger ops, bf16 residual stream, packing, selective checkpointing
+
+
+# Liger-Kernel ops that can replace a Mistral module (liger_kernel.transformers.apply_liger_kernel_to_mistral).
+LIGER_OPS = ("rms_norm", "rope", "swiglu", "fused_linear_cross_entropy")
+
+
+@dataclass
+class BackendConfig:
+    name: Backend = MISSING
+    # Liger-Kernel ops swapped in (Triton kernels: CUDA only). fused_linear_cross_entropy computes the
+    # loss chunk by chunk from the last hidden states: the [tokens x 32768] fp32 logits are never stored.
+    liger: List[str] = field(default_factory=list)
+    # QLoRA's prepare_model_for_kbit_training casts every unquantised weight (embeddings, norms, output
+    # head) to fp32: the residual stream then runs in fp32 and every linear layer's input is cast back
+    # to bf16. false keeps them in bf16 (LoRA adapters stay fp32 either way).
+    upcast_fp32: bool = True
+    # Pack samples into full seq_len rows (as data.packing=true) wherever the data has padding to
+    # remove; fixed-length synthetic rows are full already and stay as they are.
+    pack: bool = False
+    # torch.compile each decoder layer (fuses the elementwise work between the matmuls).
+    compile: bool = False
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.liger) - set(LIGER_OPS))
+        if unknown:
+            raise ValueError(f"backend.liger={self.liger}: {unknown} is not a Liger op lorabench applies; "
+                             f"use any of {list(LIGER_OPS)}")
 
 
 class Suite(Enum):
@@ -371,6 +412,7 @@ def register_configs() -> None:
     cs.store(name="config_schema", node=Config)
     cs.store(name="bench_schema", node=BenchConfig)
     for group, node in [("model", ModelConfig), ("precision", PrecisionConfig), ("lora", LoraConfig),
+                        ("backend", BackendConfig),
                         ("optimizer", OptimizerConfig), ("data", DataConfig), ("gpu", GpuConfig),
                         ("logger", LoggerConfig)]:
         cs.store(group=group, name=f"base_{group}", node=node)

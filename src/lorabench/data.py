@@ -356,6 +356,12 @@ class SyntheticTokens(torch.utils.data.Dataset):
         return {"input_ids": ids, "labels": list(ids)}
 
 
+def packs(cfg: Config) -> bool:
+    """Whether this cell packs samples: data.packing, or a backend that packs (backend=fast) on data
+    with padding to remove (synthetic rows are exactly seq_len tokens already)."""
+    return cfg.data.packing or (cfg.backend.pack and cfg.data.kind is not DataKind.synthetic)
+
+
 def build_dataset(cfg: Config, tokenizer):
     """(dataset, stats): what the Trainer iterates over, and counts for the cell's result."""
     d = cfg.data
@@ -376,7 +382,7 @@ def build_dataset(cfg: Config, tokenizer):
         raise DataError(f"data={d.kind.value}: every sample is longer than seq_len={cfg.seq_len} and "
                         "data.overlong=drop dropped them all; raise seq_len or use data.overlong=truncate")
     ds = ds.remove_columns("n_tokens")
-    if d.packing:
+    if packs(cfg):
         rows = pack(ds.to_list(), cfg.seq_len)
         stats["data/packed_rows"] = len(rows)
         stats["data/rows_nonpad_fraction"] = sum(len(r["input_ids"]) for r in rows) / (len(rows) * cfg.seq_len)
@@ -386,7 +392,7 @@ def build_dataset(cfg: Config, tokenizer):
 
 def build_collator(cfg: Config, tokenizer):
     width = cfg.seq_len if cfg.data.padding is Padding.max_length else None
-    if cfg.data.packing:
+    if packs(cfg):
         return PackedCollator(tokenizer.pad_token_id, width)
     return DataCollatorForSeq2Seq(tokenizer, padding=cfg.data.padding.value, max_length=width,
                                   label_pad_token_id=IGNORE, return_tensors="pt")

@@ -219,12 +219,12 @@ def build_model(cfg: Config, device: torch.device):
     return model, weights
 
 
-def apply_lora(model, lora: LoraConfig, precision: Precision, gradient_checkpointing: bool):
+def apply_lora(model, lora: LoraConfig, precision: Precision, gradient_checkpointing: bool, upcast_fp32: bool = True):
     """Freeze the base model and wrap it with LoRA adapters (PEFT)."""
     from peft import LoraConfig as PeftLoraConfig
     from peft import get_peft_model, prepare_model_for_kbit_training
 
-    if precision in QUANTISED:
+    if precision in QUANTISED and upcast_fp32:
         # The QLoRA recipe: norms and the output head in fp32, input grads on for checkpointing.
         model = prepare_model_for_kbit_training(
             model, use_gradient_checkpointing=gradient_checkpointing,

@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 from tqdm.auto import tqdm
 from transformers import PrinterCallback, TrainerCallback, TrainingArguments
 
-from lorabench import cell, data, modeling
+from lorabench import backends, cell, data, modeling
 from lorabench.config import Config, Precision
 from lorabench.metrics import MeasuredTrainer, NvmlSampler, StepMeter, memory_stats, summarize
 from lorabench.profile import StepProfiler
@@ -48,26 +48,32 @@ def train_and_measure(c: Config, run_dir: Path, result: dict, logger) -> dict:
 
 def measure(c: Config, run_dir: Path, result: dict, logger, rank: int = 0) -> dict:
     """Data, model and timed training in this process (one DDP rank when launched by torchrun)."""
+    with backends.module_patches(c):  # what a backend patches in transformers is undone after the cell
+        return _measure(c, run_dir, result, logger, rank)
+
+
+def _measure(c: Config, run_dir: Path, result: dict, logger, rank: int) -> dict:
     device, gpu = cell.setup_device(c.train.device, c.gpu, result)
     modeling.check_compatible(c, device)
+    backends.check(c, device)
     torch.manual_seed(c.train.seed)
 
     # ---- data: built before the model, so bad input fails in seconds, not after a 7B load
     tokenizer = modeling.build_tokenizer(c.model)
     dataset, data_stats = data.build_dataset(c, tokenizer)
     log.info("data: %s, %d %s, seq_len %d %s", c.data.kind.value, len(dataset),
-             "packed rows" if c.data.packing else "samples", c.seq_len, data_stats)
+             "packed rows" if data.packs(c) else "samples", c.seq_len, data_stats)
 
     # ---- model: base weights at the cell's precision, then LoRA adapters
     t0 = time.perf_counter()
-    model, weights = modeling.build_model(c, device)
-    model = modeling.apply_lora(model, c.lora, c.precision.name, c.train.gradient_checkpointing)
+    model, weights, checkpointed = build_trainable_model(c, device)
     load_s = time.perf_counter() - t0
     params = modeling.count_params(model)
-    result["model"] = {"name": c.model.name, "weights": weights, "load_s": load_s, **params}
-    log.info("model %s (%s) at %s on %s in %.1f s: %.1fM matmul params, %.2fM trainable",
-             c.model.name, weights, c.precision.name.value, device, load_s,
-             params["base_matmul"] / 1e6, params["trainable"] / 1e6)
+    result["model"] = {"name": c.model.name, "weights": weights, "load_s": load_s, **params,
+                       "checkpointed_layers": checkpointed}
+    log.info("model %s (%s) at %s on %s in %.1f s: %.1fM matmul params, %.2fM trainable; backend %s, "
+             "%d layers checkpointed", c.model.name, weights, c.precision.name.value, device, load_s,
+             params["base_matmul"] / 1e6, params["trainable"] / 1e6, c.backend.name.value, checkpointed)
 
     # ---- training: HF Trainer runs the seed's recipe; the meter times it
     sampler = NvmlSampler(device) if device.type == "cuda" else None
@@ -107,8 +113,7 @@ def measure(c: Config, run_dir: Path, result: dict, logger, rank: int = 0) -> di
         optim=c.optimizer.name.value,
         bf16=p in (Precision.bf16, Precision.nf4, Precision.int8),
         fp16=p is Precision.fp16,
-        gradient_checkpointing=c.train.gradient_checkpointing,
-        gradient_checkpointing_kwargs={"use_reentrant": False},
+        gradient_checkpointing=False,  # set per layer above (backends.apply_checkpointing)
         # DDP (train.nproc > 1) with frozen 4-bit weights and checkpointing: every adapter gets a
         # gradient each step; searching for unused ones would fail with non-reentrant checkpointing.
         ddp_find_unused_parameters=False,
@@ -162,6 +167,17 @@ def measure(c: Config, run_dir: Path, result: dict, logger, rank: int = 0) -> di
     result["rank"] = {"steps": meter.steps, "window_s": meter.window_s, "params": params, "arch": arch,
                       "data_stats": data_stats}
     return metrics
+
+
+def build_trainable_model(c: Config, device: torch.device):
+    """(model, weights, checkpointed layers): the base model at the cell's precision, the backend's
+    kernels, LoRA adapters, activation checkpointing, compilation; ready for the Trainer."""
+    model, weights = modeling.build_model(c, device)
+    model = backends.apply_kernels(model, c)  # Liger's fused ops go in before LoRA wraps the layers
+    model = modeling.apply_lora(model, c.lora, c.precision.name, c.train.gradient_checkpointing,
+                                c.backend.upcast_fp32)
+    checkpointed = backends.apply_checkpointing(model, c.train)
+    return backends.apply_compile(model, c), weights, checkpointed
 
 
 class Preemption(TrainerCallback):

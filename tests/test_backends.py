@@ -1,0 +1,123 @@
+"""Training backends (lorabench.backends): hf, liger, fast, unsloth.
+
+The fast path must train the same model: its LoRA gradients on one batch are compared with hf's.
+On CPU the Liger ops that Triton's interpreter can run (RoPE) take part; the GPU test runs them all.
+"""
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from conftest import FAST, compose_cfg, read_result, read_steps, requires_cuda, run_in_process
+from lorabench import backends, data, modeling
+from lorabench.train import build_trainable_model
+
+
+def lora_grads(overrides, device, steps_batch=4):
+    """LoRA gradients of one batch of real chat data (tiny model), the way a cell builds the model."""
+    c = OmegaConf.to_object(compose_cfg(["seq_len=64", f"batch={steps_batch}", *overrides]))
+    torch.manual_seed(0)
+    with backends.module_patches(c):
+        tok = modeling.build_tokenizer(c.model)
+        ds, _ = data.build_dataset(c, tok)
+        batch = data.build_collator(c, tok)([ds[i] for i in range(steps_batch)])
+        batch.pop(data.REAL_TOKENS, None)
+        model, _, checkpointed = build_trainable_model(c, device)
+        model.train()
+        # PEFT starts lora_B at zero, which leaves lora_A without a gradient: give B seeded values
+        # so that both halves of every adapter are compared.
+        g = torch.Generator().manual_seed(1)
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.data.copy_(torch.randn(p.shape, generator=g) * 0.05)
+        dtype = modeling.WEIGHT_DTYPE[c.precision.name]
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+            loss = model(**{k: v.to(device) for k, v in batch.items()}).loss
+        loss.backward()
+    grads = {n: p.grad.float().cpu() for n, p in model.named_parameters() if p.requires_grad}
+    return loss.item(), grads, checkpointed
+
+
+def assert_grads_close(a, b, rtol):
+    assert a.keys() == b.keys() and a
+    for n in a:
+        # relative to the tensor's norm: elementwise rtol would fail on entries near zero
+        err = (a[n] - b[n]).norm() / b[n].norm()
+        assert err < rtol, (n, err.item())
+
+
+def test_fast_path_gradients_match_hf_on_cpu(monkeypatch):
+    """fp32 on CPU: hf vs fast with half the layers checkpointed and Liger's RoPE (Triton interpreter).
+    Same batch (no packing on either side): the gradients agree to fp32 round-off (1e-5 of the norm)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    cpu = torch.device("cpu")
+    loss_hf, g_hf, n_hf = lora_grads(["train.gradient_checkpointing=true"], cpu)
+    loss_fast, g_fast, n_fast = lora_grads(["backend=fast", "backend.liger=[rope]", "backend.pack=false",
+                                            "train.gradient_checkpointing=true", "train.checkpoint_fraction=0.5"],
+                                           cpu)
+    assert (n_hf, n_fast) == (2, 1)  # tiny model: 2 layers, all vs half checkpointed
+    assert loss_fast == pytest.approx(loss_hf, rel=1e-6)
+    assert_grads_close(g_fast, g_hf, 1e-5)
+    # Liger's module-level RoPE was put back when the cell ended
+    from liger_kernel.transformers.rope import liger_rotary_pos_emb
+    from transformers.models.mistral import modeling_mistral
+
+    assert modeling_mistral.apply_rotary_pos_emb is not liger_rotary_pos_emb
+
+
+def test_checkpoint_fraction_selects_layers():
+    c = OmegaConf.to_object(compose_cfg(["model.num_hidden_layers=4", "train.gradient_checkpointing=true",
+                                         "train.checkpoint_fraction=0.5"]))
+    model, _, n = build_trainable_model(c, torch.device("cpu"))
+    assert n == 2 and [layer.gradient_checkpointing for layer in backends.decoder_layers(model)] == \
+        [True, True, False, False]
+
+
+def test_fast_backend_packs_real_data_not_synthetic():
+    c = OmegaConf.to_object(compose_cfg(["backend=fast"]))
+    assert data.packs(c) and not c.data.packing
+    c = OmegaConf.to_object(compose_cfg(["backend=fast", "data=synthetic"]))
+    assert not data.packs(c)
+
+
+def test_liger_on_cpu_is_refused_with_the_reason(tmp_path):
+    result = run_in_process(["backend=liger", *FAST], tmp_path)
+    assert result["status"] == "failed"
+    assert "backend=liger" in result["error"] and "CUDA" in result["error"] and "backend=hf" in result["error"]
+
+
+def test_unsloth_without_the_package_is_skipped(tmp_path):
+    result = run_in_process(["backend=unsloth", *FAST], tmp_path)
+    assert result["status"] == "skipped" and "pip install unsloth" in result["error"]
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("precision", ["bf16", "nf4"])
+def test_fast_path_gradients_match_hf_on_gpu(precision):
+    """Every Liger op (RMSNorm, RoPE, SwiGLU, fused linear cross-entropy) and bf16 norms against hf.
+    bf16 compute: a gradient's relative error of a few 2^-8 (bf16's rounding step, 0.4%) is noise;
+    3% of the norm leaves room for the fp32 vs bf16 residual stream and fails a wrong formula."""
+    cuda = torch.device("cuda", 0)
+    opt = ["optimizer=adamw_torch", f"precision={precision}", "train.gradient_checkpointing=true"]
+    loss_hf, g_hf, _ = lora_grads(opt, cuda)
+    loss_fast, g_fast, _ = lora_grads([*opt, "backend=fast", "backend.pack=false",
+                                       "train.checkpoint_fraction=0.5"], cuda)
+    assert loss_fast == pytest.approx(loss_hf, rel=1e-2)
+    assert_grads_close(g_fast, g_hf, 3e-2)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_fast_cell_runs_after_and_before_hf_in_one_process(tmp_path):
+    """A multirun shares one process: the fast cell's Liger patches must not leak into the hf cell."""
+    from transformers.models.mistral import modeling_mistral
+
+    before = modeling_mistral.MistralRMSNorm
+    r = run_in_process(["backend=fast", "precision=nf4", "optimizer=paged_adamw_8bit", *FAST], tmp_path / "f")
+    assert r["status"] == "ok", r.get("error")
+    assert read_result(tmp_path / "f")["metrics"]["data/packed_rows"] > 0
+    assert modeling_mistral.MistralRMSNorm is before
+    r = run_in_process(["backend=hf", "precision=nf4", "optimizer=paged_adamw_8bit", *FAST], tmp_path / "h")
+    assert r["status"] == "ok", r.get("error")
+    assert all(s["loss"] == s["loss"] for s in read_steps(tmp_path / "h"))
