@@ -99,7 +99,8 @@ def test_fast_path_gradients_match_hf_on_gpu(precision):
     bf16 compute: a gradient's relative error of a few 2^-8 (bf16's rounding step, 0.4%) is noise;
     3% of the norm leaves room for the fp32 vs bf16 residual stream and fails a wrong formula."""
     cuda = torch.device("cuda", 0)
-    opt = ["optimizer=adamw_torch", f"precision={precision}", "train.gradient_checkpointing=true"]
+    # LoRA dropout off: its masks are random draws, and the two paths need not draw them in the same order.
+    opt = ["optimizer=adamw_torch", f"precision={precision}", "train.gradient_checkpointing=true", "lora.dropout=0"]
     loss_hf, g_hf, _ = lora_grads(opt, cuda)
     loss_fast, g_fast, _ = lora_grads([*opt, "backend=fast", "backend.pack=false",
                                        "train.checkpoint_fraction=0.5"], cuda)
@@ -121,3 +122,24 @@ def test_fast_cell_runs_after_and_before_hf_in_one_process(tmp_path):
     r = run_in_process(["backend=hf", "precision=nf4", "optimizer=paged_adamw_8bit", *FAST], tmp_path / "h")
     assert r["status"] == "ok", r.get("error")
     assert all(s["loss"] == s["loss"] for s in read_steps(tmp_path / "h"))
+
+
+def test_backend_sweep_report_compares_speed_and_loss_curves(tmp_path):
+    """A backend sweep on CPU (fast without its CUDA kernels and without packing, so both cells see
+    the same batches): the report names each backend's best cell with its ratio to hf, and the loss
+    curves agree step by step (fp32, same math: differences at round-off)."""
+    import re
+
+    from conftest import run_cli
+
+    run_cli("train.py", ["-m", "backend=hf,fast", "backend.liger=[]", "backend.pack=false",
+                         "train.gradient_checkpointing=true", "train.checkpoint_fraction=0.5", *FAST,
+                         f"hydra.sweep.dir={tmp_path}"])
+    md = (tmp_path / "results.md").read_text()
+    assert "Backends: each one's fastest cell" in md and "| reference | hf, batch 4, every layer |" not in md
+    rows = {m.group(1): m for m in re.finditer(r"\| 1 \(gpu=\w+\) \| (hf|fast) \| 4, 0.5 \| ([\d,]+) \|", md)}
+    assert set(rows) == {"hf", "fast"}  # no hf cell checkpoints every layer here: no reference row
+    table = md.split("Loss curves against the reference cell")[1]
+    diff = re.search(r"\| name=fast,upcast_fp32=False \| (\d+) \| ([\d.]+) \|", table)
+    assert diff and int(diff.group(1)) == 6 and float(diff.group(2)) < 1e-4
+    assert (tmp_path / "plots" / "loss.png").stat().st_size > 0

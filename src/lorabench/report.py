@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import html
+import json
 import math
 from collections import defaultdict
 from pathlib import Path
@@ -126,6 +127,94 @@ def scaling_table(results: list[dict], keys: list[str]) -> str:
     return "\n".join(lines)
 
 
+# What the backend comparison varies within one group of comparable cells.
+BACKEND_AXES = ("backend.", "batch", "train.checkpoint_fraction")
+
+
+def _group(r: dict, axes=BACKEND_AXES) -> tuple:
+    """The cell's configuration without the given axes (and without what never matters)."""
+    return tuple(sorted((k, str(v)) for k, v in flatten(r["config"]).items()
+                        if not k.startswith(tuple(axes)) and not k.startswith(IGNORED_KEYS)))
+
+
+def backend_table(results: list[dict], keys: list[str]) -> str:
+    """Per group of otherwise equal cells (e.g. per GPU memory budget): each backend's fastest cell
+    against the reference, hf at its smallest batch with every layer checkpointed (the seed's recipe).
+    tok/s is the timed window's (every timed step); "at p50" = mean non-pad tokens per step over the
+    median step time, which a one-off slow step (a kernel built mid-run) does not move."""
+    if not any(k.startswith("backend.") for k in keys):
+        return ""
+    ok = [r for r in results if r.get("status") == "ok" and "perf/tokens_per_s" in r.get("metrics", {})]
+    lines = ["| group | backend | best cell: batch, ckpt fraction | tok/s non-pad | at p50 | MFU % | peak resv GiB "
+             "| x hf seed cell | x at p50 |", "|---|---|---|---|---|---|---|---|---|"]
+    groups = {}
+    for r in ok:
+        groups.setdefault(_group(r), []).append(r)
+    for n, cells in enumerate(groups.values(), 1):
+        ref = min((r for r in cells if r["config"]["backend"]["name"] == "hf"
+                   and r["config"]["train"]["checkpoint_fraction"] == 1), key=lambda r: r["config"]["batch"], default=None)
+        gpu = cells[0]["config"]["gpu"]["name"]
+        for name in dict.fromkeys(r["config"]["backend"]["name"] for r in cells):
+            best = max((r for r in cells if r["config"]["backend"]["name"] == name),
+                       key=lambda r: r["metrics"]["perf/tokens_per_s"])
+            m = best["metrics"]
+            tok, p50 = (m["perf/tokens_per_s"], p50_tokens_per_s(m))
+            ratio = f"{tok / ref['metrics']['perf/tokens_per_s']:.2f}" if ref else "no hf reference"
+            ratio50 = f"{p50 / p50_tokens_per_s(ref['metrics']):.2f}" if ref else "-"
+            lines.append(f"| {n} (gpu={gpu}) | {name} | {best['config']['batch']}, "
+                         f"{best['config']['train']['checkpoint_fraction']:g} | {tok:,.0f} | {p50:,.0f} | "
+                         f"{_num(m.get('perf/mfu_pct'), '.1f')} | {_num(m.get('mem/peak_reserved_gib'), '.2f')} | "
+                         f"{ratio} | {ratio50} |")
+        if ref:
+            lines.append(f"| {n} (gpu={gpu}) | reference | hf, batch {ref['config']['batch']}, every layer | "
+                         f"{ref['metrics']['perf/tokens_per_s']:,.0f} | {p50_tokens_per_s(ref['metrics']):,.0f} | "
+                         f"{_num(ref['metrics'].get('perf/mfu_pct'), '.1f')} | "
+                         f"{_num(ref['metrics'].get('mem/peak_reserved_gib'), '.2f')} | 1.00 | 1.00 |")
+    return "\n".join(lines)
+
+
+def _num(v, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def p50_tokens_per_s(m: dict) -> float:
+    return m["count/tokens_nonpad"] / m["count/timed_steps"] / m["perf/step_time_p50_s"]
+
+
+def read_losses(r: dict) -> dict[int, float]:
+    try:
+        return {s["step"]: s["loss"] for s in map(json.loads, (Path(r["dir"]) / "steps.jsonl").read_text().splitlines())
+                if "loss" in s}
+    except (OSError, KeyError, json.JSONDecodeError):
+        return {}
+
+
+def loss_match_table(results: list[dict], keys: list[str]) -> str:
+    """When only the backend (and the checkpointed fraction, and the backend's own options) vary: do
+    the loss curves agree? Each cell's per-step loss against the first cell's (backend=hf, if any) at
+    every common step: the largest and the mean absolute difference, and the mean relative one."""
+    backend_keys = [k for k in keys if k.startswith("backend.")]
+    if not backend_keys or set(keys) - set(backend_keys) - {"train.checkpoint_fraction"}:
+        return ""
+    ok = [r for r in results if r.get("status") == "ok"]
+    curves = [(r, read_losses(r)) for r in ok]
+    curves = [(r, c) for r, c in curves if c]
+    if len(curves) < 2:
+        return ""
+    ref, ref_c = next(((r, c) for r, c in curves if r["config"]["backend"]["name"] == "hf"), curves[0])
+    lines = [f"Against {label(ref, keys)}:", "",
+             "| cell | steps compared | max abs diff | mean abs diff | mean rel diff | last loss |", "|---|---|---|---|---|---|"]
+    for r, c in curves:
+        if r is ref:
+            continue
+        common = sorted(set(c) & set(ref_c))
+        d = [abs(c[s] - ref_c[s]) for s in common]
+        rel = [abs(c[s] - ref_c[s]) / abs(ref_c[s]) for s in common]
+        lines.append(f"| {label(r, keys)} | {len(common)} | {max(d):.4f} | {sum(d) / len(d):.4f} | "
+                     f"{100 * sum(rel) / len(rel):.2f}% | {c[common[-1]]:.4f} (ref {ref_c[common[-1]]:.4f}) |")
+    return "\n".join(lines)
+
+
 def fit_grid(results: list[dict], keys: list[str]) -> dict | None:
     """When a sweep varies seq_len or batch and nothing else: {(seq_len, batch): result}."""
     if not keys or not set(keys) <= {"seq_len", "batch"}:
@@ -204,6 +293,22 @@ def make_plots(results: list[dict], keys: list[str], effects: list[dict], cfg: R
     _bars(b, names, [x.get("perf/samples_per_s") for x in m], colors, "{:.2f}")
     b.set_xlabel("samples/s" + (" (not comparable across seq_len)" if any(k == "seq_len" for k in keys) else ""))
     save(fig, "throughput", "Throughput per cell (grey: failed, red: out of memory)")
+
+    if loss_match_table(results, keys):  # cells trained on the same batches: their loss curves overlay
+        fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+        curves = [(r, read_losses(r)) for r in results if r.get("status") == "ok"]
+        ref = next((c for r, c in curves if r["config"]["backend"]["name"] == "hf"), curves[0][1])
+        for r, c in curves:
+            steps = sorted(set(c) & set(ref))
+            a.plot(steps, [c[s] for s in steps], lw=1, label=label(r, keys))
+            b.plot(steps, [c[s] - ref[s] for s in steps], lw=1)
+        a.set_xlabel("optimizer step")
+        a.set_ylabel("training loss")
+        a.legend(fontsize=7)
+        b.axhline(0, color="k", lw=0.8)
+        b.set_xlabel("optimizer step")
+        b.set_ylabel("loss - reference cell's loss")
+        save(fig, "loss", "Loss curves on the same batches")
 
     base = baseline(results, cfg)
     if base is not None:
@@ -352,6 +457,10 @@ def write_report(sweep_dir: Path, cfg: ReportConfig | None = None) -> dict:
         extra["What fits (largest batch per seq_len)"] = fit_table(grid)
     if scaling := scaling_table(results, keys):
         extra["Scaling over GPUs (DDP)"] = scaling
+    if backends := backend_table(results, keys):
+        extra["Backends: each one's fastest cell against the seed's recipe (hf)"] = backends
+    if losses := loss_match_table(results, keys):
+        extra["Loss curves against the reference cell (same data, same order)"] = losses
     for title, table in extra.items():
         md += f"\n\n{title}:\n\n{table}"
     (sweep_dir / "results.md").write_text(md + "\n")

@@ -157,6 +157,7 @@ def load_results(sweep_dir: Path) -> tuple[list[dict], list[Path]]:
                        key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name)):
         try:
             results.append(json.loads((cell / "metrics.json").read_text()))
+            results[-1]["dir"] = str(cell)  # where it lies now (run_dir is where it ran)
         except (OSError, json.JSONDecodeError):
             incomplete.append(cell)
     return results, incomplete
