@@ -4,6 +4,8 @@ The fast path must train the same model: its LoRA gradients on one batch are com
 On CPU the Liger ops that Triton's interpreter can run (RoPE) take part; the GPU test runs them all.
 """
 
+import importlib.util
+
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -46,23 +48,33 @@ def assert_grads_close(a, b, rtol):
         assert err < rtol, (n, err.item())
 
 
-def test_fast_path_gradients_match_hf_on_cpu(monkeypatch):
-    """fp32 on CPU: hf vs fast with half the layers checkpointed and Liger's RoPE (Triton interpreter).
+HAS_LIGER = importlib.util.find_spec("liger_kernel") is not None and importlib.util.find_spec("triton") is not None
+
+
+@pytest.mark.parametrize("liger", [
+    pytest.param([], id="cpu-parts"),
+    # Liger's RoPE kernel through Triton's interpreter (its RMSNorm and SwiGLU kernels do not run there,
+    # its fused cross-entropy does but takes minutes); needs the fast extra: pip install -e '.[fast]'
+    pytest.param(["rope"], id="liger-rope",
+                 marks=pytest.mark.skipif(not HAS_LIGER, reason="liger-kernel not installed")),
+])
+def test_fast_path_gradients_match_hf_on_cpu(monkeypatch, liger):
+    """fp32 on CPU: hf vs fast with half the layers checkpointed (and the Liger ops that run here).
     Same batch (no packing on either side): the gradients agree to fp32 round-off (1e-5 of the norm)."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     cpu = torch.device("cpu")
     loss_hf, g_hf, n_hf = lora_grads(["train.gradient_checkpointing=true"], cpu)
-    loss_fast, g_fast, n_fast = lora_grads(["backend=fast", "backend.liger=[rope]", "backend.pack=false",
+    loss_fast, g_fast, n_fast = lora_grads(["backend=fast", f"backend.liger=[{','.join(liger)}]", "backend.pack=false",
                                             "train.gradient_checkpointing=true", "train.checkpoint_fraction=0.5"],
                                            cpu)
     assert (n_hf, n_fast) == (2, 1)  # tiny model: 2 layers, all vs half checkpointed
     assert loss_fast == pytest.approx(loss_hf, rel=1e-6)
     assert_grads_close(g_fast, g_hf, 1e-5)
-    # Liger's module-level RoPE was put back when the cell ended
-    from liger_kernel.transformers.rope import liger_rotary_pos_emb
-    from transformers.models.mistral import modeling_mistral
+    if liger:  # Liger's module-level RoPE was put back when the cell ended
+        from liger_kernel.transformers.rope import liger_rotary_pos_emb
+        from transformers.models.mistral import modeling_mistral
 
-    assert modeling_mistral.apply_rotary_pos_emb is not liger_rotary_pos_emb
+        assert modeling_mistral.apply_rotary_pos_emb is not liger_rotary_pos_emb
 
 
 def test_checkpoint_fraction_selects_layers():
@@ -126,19 +138,23 @@ def test_fast_cell_runs_after_and_before_hf_in_one_process(tmp_path):
 
 def test_backend_sweep_report_compares_speed_and_loss_curves(tmp_path):
     """A backend sweep on CPU (fast without its CUDA kernels and without packing, so both cells see
-    the same batches): the report names each backend's best cell with its ratio to hf, and the loss
-    curves agree step by step (fp32, same math: differences at round-off)."""
+    the same batches; run in this process, laid out as a multirun's cells): the report names each
+    backend's best cell with its ratio to hf, and the loss curves agree step by step (fp32, same
+    math: differences at round-off)."""
     import re
 
-    from conftest import run_cli
+    from lorabench.report import write_report
 
-    run_cli("train.py", ["-m", "backend=hf,fast", "backend.liger=[]", "backend.pack=false",
-                         "train.gradient_checkpointing=true", "train.checkpoint_fraction=0.5", *FAST,
-                         f"hydra.sweep.dir={tmp_path}"])
-    md = (tmp_path / "results.md").read_text()
-    assert "Backends: each one's fastest cell" in md and "| reference | hf, batch 4, every layer |" not in md
-    rows = {m.group(1): m for m in re.finditer(r"\| 1 \(gpu=\w+\) \| (hf|fast) \| 4, 0.5 \| ([\d,]+) \|", md)}
-    assert set(rows) == {"hf", "fast"}  # no hf cell checkpoints every layer here: no reference row
+    for n, backend in enumerate(["hf", "fast"]):
+        (tmp_path / str(n) / ".hydra").mkdir(parents=True)
+        r = run_in_process([f"backend={backend}", "backend.liger=[]", "backend.pack=false",
+                            "train.gradient_checkpointing=true", "train.checkpoint_fraction=0.5", *FAST],
+                           tmp_path / str(n))
+        assert r["status"] == "ok", r.get("error")
+    md = write_report(tmp_path)["markdown"]
+    assert "Backends: each one's fastest cell" in md and "| reference |" not in md
+    rows = {m.group(1) for m in re.finditer(r"\| 1 \(gpu=\w+\) \| (hf|fast) \| 4, 0.5 \| ([\d,]+) \|", md)}
+    assert rows == {"hf", "fast"}  # no hf cell checkpoints every layer here: no reference row
     table = md.split("Loss curves against the reference cell")[1]
     diff = re.search(r"\| name=fast,upcast_fp32=False \| (\d+) \| ([\d.]+) \|", table)
     assert diff and int(diff.group(1)) == 6 and float(diff.group(2)) < 1e-4

@@ -79,7 +79,7 @@ def test_two_node_cell_matches_one_process_at_the_doubled_batch(tmp_path):
                                    "MASTER_PORT": str(port)})
              for node in (0, 1)]
     for p in procs:
-        assert p.wait(timeout=300) == 0, p.stderr.read()[-3000:]
+        assert p.wait(timeout=120) == 0, p.stderr.read()[-3000:]
     one = run_in_process([*COMMON, "batch=4"], tmp_path / "one")
     two = read_result(tmp_path / "two")
     assert two["status"] == "ok", two.get("error")

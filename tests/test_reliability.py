@@ -45,7 +45,7 @@ def expected(tmp_path_factory):
     return losses(run_dir)
 
 
-def test_kill_and_sigterm_then_rerun_resume_exactly(tmp_path, expected):
+def test_kill_then_rerun_resumes_exactly(tmp_path, expected):
     assert len(expected) == STEPS
 
     # kill -9 with a checkpoint every 3 steps: the re-run resumes from the newest complete one
@@ -58,6 +58,8 @@ def test_kill_and_sigterm_then_rerun_resume_exactly(tmp_path, expected):
     assert [s["step"] for s in read_steps(killed)] == list(range(1, STEPS + 1))
     assert losses(killed) == expected  # bit for bit, on CPU
 
+
+def test_sigterm_then_rerun_resumes_exactly_and_a_finished_cell_is_not_rerun(tmp_path, expected):
     # SIGTERM without periodic checkpoints: one is written at the end of the current step
     termed = tmp_path / "termed"
     assert start_and_stop(termed, [], 5, signal.SIGTERM) == 0

@@ -90,6 +90,9 @@ def launch(c: Config, run_dir: Path, result: dict) -> dict:
     deadline = time.time() + (120 if proc.returncode == 0 else 0)
     while time.time() < deadline and not all((run_dir / f"rank{r}.json").exists() for r in range(world)):
         time.sleep(1)
+    from lorabench.train import remove_empty
+
+    remove_empty(run_dir / "checkpoints")  # every rank is done with it now
     ranks = []
     for r in range(world):
         path = run_dir / f"rank{r}.json"

@@ -152,7 +152,8 @@ def backend_table(results: list[dict], keys: list[str]) -> str:
         groups.setdefault(_group(r), []).append(r)
     for n, cells in enumerate(groups.values(), 1):
         ref = min((r for r in cells if r["config"]["backend"]["name"] == "hf"
-                   and r["config"]["train"]["checkpoint_fraction"] == 1), key=lambda r: r["config"]["batch"], default=None)
+                   and r["config"]["train"]["checkpoint_fraction"] == 1),
+                  key=lambda r: r["config"]["batch"], default=None)
         gpu = cells[0]["config"]["gpu"]["name"]
         for name in dict.fromkeys(r["config"]["backend"]["name"] for r in cells):
             best = max((r for r in cells if r["config"]["backend"]["name"] == name),
@@ -203,7 +204,8 @@ def loss_match_table(results: list[dict], keys: list[str]) -> str:
         return ""
     ref, ref_c = next(((r, c) for r, c in curves if r["config"]["backend"]["name"] == "hf"), curves[0])
     lines = [f"Against {label(ref, keys)}:", "",
-             "| cell | steps compared | max abs diff | mean abs diff | mean rel diff | last loss |", "|---|---|---|---|---|---|"]
+             "| cell | steps compared | max abs diff | mean abs diff | mean rel diff | last loss |",
+             "|---|---|---|---|---|---|"]
     for r, c in curves:
         if r is ref:
             continue

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import signal
 import threading
 import time
@@ -147,8 +148,9 @@ def _measure(c: Config, run_dir: Path, result: dict, logger, rank: int) -> dict:
         preemption.close()
         if profile:
             profiler.close()
-        with contextlib.suppress(OSError):
-            ckpt_dir.rmdir()  # the Trainer's output_dir, when no checkpoint was asked for
+        # Under DDP another rank may still look into it: node 0's launcher removes it after all ranks.
+        if int(os.environ.get("WORLD_SIZE", 1)) == 1:
+            remove_empty(ckpt_dir)
     if preemption.signalled:
         step = meter.steps[-1]["step"] if meter.steps else 0
         raise cell.CellInterrupted(f"SIGTERM: stopped after step {step} with a checkpoint in {ckpt_dir}; "
@@ -178,6 +180,12 @@ def build_trainable_model(c: Config, device: torch.device):
                                 c.backend.upcast_fp32)
     checkpointed = backends.apply_checkpointing(model, c.train)
     return backends.apply_compile(model, c), weights, checkpointed
+
+
+def remove_empty(ckpt_dir: Path) -> None:
+    """The Trainer's output_dir, when no checkpoint was written into it."""
+    with contextlib.suppress(OSError):
+        ckpt_dir.rmdir()
 
 
 class Preemption(TrainerCallback):
