@@ -3,7 +3,8 @@
   hf       the seed's recipe as it is (nothing changed here)
   liger    + Liger-Kernel's fused Triton ops (liger_kernel.transformers, applied to this model)
   fast     + bf16 norms/residual stream, packing (lorabench.data.packs), selective checkpointing
-  unsloth  Unsloth's own loader, when the package is installed; otherwise the cell is skipped
+  unsloth  Unsloth's loader, kernels and LoRA (FastLanguageModel), in a process of its own, when
+           the package is installed; otherwise the cell is skipped
 
 The work is the libraries': Liger's kernels, torch.compile, PyTorch's checkpointing, PEFT. This
 module only decides which of them a cell uses, and undoes Liger's module-level patches when the
@@ -13,12 +14,18 @@ cell ends (a multirun trains its next cell, maybe backend=hf, in the same proces
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib.util
+import json
 import logging
+import os
+import shutil
+from dataclasses import asdict
+from pathlib import Path
 
 import torch
 
-from lorabench.config import Backend, Config, TrainConfig
+from lorabench.config import Backend, Config, Precision, TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +42,13 @@ def check(c: Config, device: torch.device) -> None:
         if importlib.util.find_spec("unsloth") is None:
             raise CellSkipped("backend=unsloth: the unsloth package is not installed (pip install unsloth, "
                               "CUDA only); this cell is skipped, the others of the sweep run")
-        raise CellSkipped("backend=unsloth: unsloth is installed, but lorabench does not drive it yet: Unsloth "
-                          "loads and patches the model through its own FastLanguageModel.from_pretrained, "
-                          "which needs a checkpoint on disk, not lorabench's random initialisation")
+        if device.type != "cuda":
+            raise RuntimeError("backend=unsloth needs a CUDA GPU (Unsloth's kernels are Triton); on CPU use backend=hf")
+        b = c.backend
+        if b.liger or b.pack or b.compile or not b.upcast_fp32:
+            raise ValueError("backend=unsloth is Unsloth's recipe as it is: backend.liger=[], backend.pack=false, "
+                             f"backend.compile=false and backend.upcast_fp32=true (got liger={list(b.liger)}, "
+                             f"pack={b.pack}, compile={b.compile}, upcast_fp32={b.upcast_fp32})")
     if c.backend.liger and device.type != "cuda" and not _triton_interpreter():
         raise RuntimeError(f"backend={c.backend.name.value} uses Liger-Kernel's Triton kernels "
                            f"(backend.liger={list(c.backend.liger)}), which need a CUDA GPU; on CPU use "
@@ -114,3 +125,62 @@ def apply_compile(model, c: Config):
         for layer in decoder_layers(model):
             layer.compile()
     return model
+
+
+def build_unsloth(c: Config, device: torch.device):
+    """(model, weights, checkpointed layers) through Unsloth's FastLanguageModel: its loader (the
+    same bitsandbytes quantisation), its patched Mistral (Triton RMSNorm, RoPE, SwiGLU, cross-entropy,
+    fused LoRA matmuls) and its activation checkpointing, for a head-to-head with the other backends.
+
+    Unsloth loads from a directory: model.path, or this model's random initialisation saved once
+    to the cache (14.5 GB for Mistral-7B in bf16). It patches transformers' classes for the whole
+    process, so train.py runs an unsloth cell in a process of its own (see train_and_measure)."""
+    import unsloth  # noqa: F401  (first: it patches transformers, peft and trl as they are imported)
+    from unsloth import FastLanguageModel
+
+    from lorabench import modeling
+
+    p = c.precision.name
+    source = c.model.path or str(saved_random_init(c, device))
+    model, _ = FastLanguageModel.from_pretrained(
+        model_name=source, max_seq_length=c.seq_len, dtype=modeling.WEIGHT_DTYPE[p],
+        load_in_4bit=p is Precision.nf4, load_in_8bit=p is Precision.int8,
+        load_in_16bit=p not in modeling.QUANTISED, full_finetuning=False,
+        quantization_config=modeling.quantization_config(p, c.precision.double_quant),
+        device_map={"": device}, local_files_only=True, random_state=c.train.seed,
+        use_gradient_checkpointing="unsloth" if c.train.gradient_checkpointing else False)
+    n_layers = model.config.num_hidden_layers
+    checkpointed = round(c.train.checkpoint_fraction * n_layers) if c.train.gradient_checkpointing else 0
+    targets = list(c.lora.target_modules)
+    model = FastLanguageModel.get_peft_model(
+        model, r=c.lora.r, lora_alpha=c.lora.alpha, lora_dropout=c.lora.dropout, bias="none",
+        target_modules="all-linear" if targets == ["all-linear"] else targets,
+        # "unsloth": Unsloth's checkpointing (activations offloaded to host memory between passes);
+        # checkpoint_skip_layers keeps the activations of that many layers, as checkpoint_fraction < 1.
+        use_gradient_checkpointing="unsloth" if checkpointed else False,
+        checkpoint_skip_layers=n_layers - checkpointed if checkpointed else 0,
+        random_state=c.train.seed, max_seq_length=c.seq_len)
+    return model, c.model.path or "random_init", checkpointed
+
+
+def saved_random_init(c: Config, device: torch.device) -> Path:
+    """This model's random initialisation (bf16, seeded by train.seed) with the tokenizer, saved in
+    the cache once, for loaders that only read a directory."""
+    from lorabench import modeling
+
+    spec = json.dumps({**asdict(c.model), "seed": c.train.seed}, sort_keys=True, default=str)
+    path = Path(os.path.expanduser(c.data.cache_dir)) / "random_init" / \
+        f"{c.model.name}-{hashlib.sha256(spec.encode()).hexdigest()[:12]}"
+    if (path / "config.json").is_file():
+        log.info("random initialisation from the cache: %s", path)
+        return path
+    log.info("saving the random initialisation (bf16) to %s for Unsloth's loader", path)
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model = modeling.random_init(c.model, device, torch.bfloat16)
+    model.save_pretrained(tmp)
+    del model
+    torch.cuda.empty_cache()
+    modeling.save_fast_tokenizer(c.model, tmp)
+    tmp.replace(path)  # complete or absent: a killed save leaves only the .tmp dir
+    return path

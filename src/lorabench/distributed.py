@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from lorabench.config import Config, GpuConfig, Pricing
+from lorabench.config import Backend, Config, GpuConfig, Pricing
 from lorabench.results import atomic_write_text
 
 log = logging.getLogger(__name__)
@@ -74,12 +74,16 @@ def launch(c: Config, run_dir: Path, result: dict) -> dict:
     world, mine = n * nodes, range(node * n, (node + 1) * n)  # this node's global ranks
     for r in mine:
         (run_dir / f"rank{r}.json").unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "torch.distributed.run", *rendezvous, f"--nproc-per-node={n}",
-           "-m", "lorabench.distributed", str(run_dir)]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if world == 1:  # one process of its own (backend=unsloth), no process group to set up
+        cmd, env["RANK"] = [sys.executable, "-m", "lorabench.distributed", str(run_dir)], "0"
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", *rendezvous, f"--nproc-per-node={n}",
+               "-m", "lorabench.distributed", str(run_dir)]
     ranks_log = run_dir / ("ranks.log" if nodes == 1 else f"ranks.node{node}.log")
     log.info("launching %d ranks: %s (their output: %s)", n, " ".join(cmd), ranks_log)
     with open(ranks_log, "w") as out:
-        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     if node > 0:
         result["dist"] = {"node": node, "nnodes": nodes, "note": "node 0's metrics.json holds every rank"}
         if proc.returncode != 0:
@@ -150,17 +154,24 @@ def aggregate(ranks: list[dict], gpu: GpuConfig) -> dict:
 
 
 def worker(run_dir: Path) -> None:
-    """One rank (under torchrun): the cell from its resolved config; rank<r>.json whatever happens."""
-    from lorabench.results import atomic_write_json
-    from lorabench.train import measure
-    from lorabench.loggers import NullLogger
-
+    """One rank (under torchrun, or alone for backend=unsloth): the cell from its resolved config;
+    rank<r>.json whatever happens."""
     rank = int(os.environ["RANK"])
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
                         format=f"[rank {rank}] %(asctime)s %(name)s %(levelname)s %(message)s")
     c = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(run_dir / CONFIG_FILE)))
+    from lorabench.results import atomic_write_json
+
     result = {"status": "running"}
     try:
+        if c.backend.name is Backend.unsloth:
+            # Unsloth writes the code it compiles to ./unsloth_compiled_cache unless told where.
+            os.environ.setdefault("UNSLOTH_COMPILE_LOCATION",
+                                  os.path.join(os.path.expanduser(c.data.cache_dir), "unsloth_compiled_cache"))
+            import unsloth  # noqa: F401  (before transformers, as Unsloth asks: it patches it on import)
+        from lorabench.loggers import NullLogger
+        from lorabench.train import measure
+
         result["metrics"] = measure(c, run_dir, result, NullLogger(), rank=rank)
         result["status"] = "ok"
     except torch.OutOfMemoryError as e:

@@ -123,6 +123,13 @@ def build_tokenizer(model_cfg: ModelConfig):
     """
     from transformers.tokenization_mistral_common import MistralCommonBackend
 
+    # mode="finetuning" lets a conversation end with the assistant's turn (serving mode refuses it).
+    return MistralCommonBackend(tokenizer_path=str(tokenizer_file(model_cfg)), mode="finetuning",
+                                padding_side="right")
+
+
+def tokenizer_file(model_cfg: ModelConfig) -> Path:
+    """model.tokenizer: a path, or the name of a file shipped in mistral-common's data folder."""
     path = Path(model_cfg.tokenizer)
     if not path.is_absolute():
         import mistral_common
@@ -130,8 +137,18 @@ def build_tokenizer(model_cfg: ModelConfig):
         path = Path(mistral_common.__file__).parent / "data" / model_cfg.tokenizer
     if not path.is_file():
         raise FileNotFoundError(f"model.tokenizer={model_cfg.tokenizer!r}: no such file ({path})")
-    # mode="finetuning" lets a conversation end with the assistant's turn (serving mode refuses it).
-    return MistralCommonBackend(tokenizer_path=str(path), mode="finetuning", padding_side="right")
+    return path
+
+
+def save_fast_tokenizer(model_cfg: ModelConfig, directory: Path) -> None:
+    """The same SentencePiece vocabulary as a `tokenizers` tokenizer.json in `directory`, for loaders
+    that read a tokenizer from a model's folder with AutoTokenizer (Unsloth's). Its vocabulary and
+    merges are extracted from the model file, so it encodes text as build_tokenizer does."""
+    from transformers import LlamaTokenizer
+    from transformers.convert_slow_tokenizer import SentencePieceExtractor
+
+    spm = SentencePieceExtractor(str(tokenizer_file(model_cfg))).extract(None)
+    LlamaTokenizer(vocab=spm["vocab"], merges=spm["merges"]).save_pretrained(directory)
 
 
 def mistral_config(model_cfg: ModelConfig):
@@ -170,6 +187,16 @@ def quantization_config(precision: Precision, double_quant: bool):
     return None
 
 
+def random_init(model_cfg: ModelConfig, device: torch.device, dtype: torch.dtype):
+    """The model's architecture with random weights, drawn directly on the device (no CPU round
+    trip: 7.25B bf16 values take seconds on a GPU, minutes on a CPU)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device(device):
+        return AutoModelForCausalLM.from_config(mistral_config(model_cfg), dtype=dtype,
+                                                attn_implementation=model_cfg.attn_implementation)
+
+
 def build_model(cfg: Config, device: torch.device):
     """Base model at the cell's precision on `device`. Returns (model, weights) where weights
     says where the weights came from ("random_init" or the path)."""
@@ -197,11 +224,7 @@ def build_model(cfg: Config, device: torch.device):
         weights = cfg.model.path
     else:
         mcfg = mistral_config(cfg.model)
-        # Random weights are drawn directly on the device (no CPU round trip: 7.25B bf16 values
-        # take seconds on a GPU, minutes on a CPU).
-        with torch.device(device):
-            model = AutoModelForCausalLM.from_config(mcfg, dtype=dtype,
-                                                     attn_implementation=cfg.model.attn_implementation)
+        model = random_init(cfg.model, device, dtype)
         if quant is not None:
             # Hand the random bf16 tensors to transformers' loader as a state dict, so they are
             # quantised exactly as a checkpoint would be. Peak device memory during the load:

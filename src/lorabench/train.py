@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 from transformers import PrinterCallback, TrainerCallback, TrainingArguments
 
 from lorabench import backends, cell, data, modeling
-from lorabench.config import Config, Precision
+from lorabench.config import Backend, Config, Precision
 from lorabench.metrics import MeasuredTrainer, NvmlSampler, StepMeter, memory_stats, summarize
 from lorabench.profile import StepProfiler
 from lorabench.results import atomic_write_text
@@ -38,7 +38,11 @@ def train_and_measure(c: Config, run_dir: Path, result: dict, logger) -> dict:
     if c.train.skip_if_smaller_oom and (oom := cell.smaller_oom(result["config"], run_dir)):
         raise cell.CellSkipped(f"does not fit: cell {oom['job_num']} ({oom['cell']}) with no larger seq_len and "
                                f"batch ran out of memory")
-    if c.train.nproc > 1 or c.train.nnodes > 1:
+    # Unsloth patches transformers' classes for the whole process: its cell gets a process of its own,
+    # so that the next cell of a sweep (backend=hf, say) does not run Unsloth's code.
+    if c.backend.name is Backend.unsloth:
+        backends.check(c, modeling.resolve_device(c.train.device))  # skipped here when it is not installed
+    if c.train.nproc > 1 or c.train.nnodes > 1 or c.backend.name is Backend.unsloth:
         from lorabench import distributed
 
         return distributed.launch(c, run_dir, result)
@@ -174,6 +178,8 @@ def _measure(c: Config, run_dir: Path, result: dict, logger, rank: int) -> dict:
 def build_trainable_model(c: Config, device: torch.device):
     """(model, weights, checkpointed layers): the base model at the cell's precision, the backend's
     kernels, LoRA adapters, activation checkpointing, compilation; ready for the Trainer."""
+    if c.backend.name is Backend.unsloth:
+        return backends.build_unsloth(c, device)  # Unsloth's loader and LoRA do all of it
     model, weights = modeling.build_model(c, device)
     model = backends.apply_kernels(model, c)  # Liger's fused ops go in before LoRA wraps the layers
     model = modeling.apply_lora(model, c.lora, c.precision.name, c.train.gradient_checkpointing,
