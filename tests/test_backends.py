@@ -103,6 +103,61 @@ def test_unsloth_without_the_package_is_skipped(tmp_path):
     assert result["status"] == "skipped" and "pip install unsloth" in result["error"]
 
 
+def test_unsloth_is_refused_on_cpu_and_with_options_it_does_not_read(monkeypatch):
+    """As if Unsloth were installed: CPU is refused, and so are the other backends' options."""
+    from lorabench.cell import CellSkipped
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(backends.importlib.util, "find_spec", lambda n, *a: n == "unsloth" or real(n, *a))
+    c = OmegaConf.to_object(compose_cfg(["backend=unsloth"]))
+    with pytest.raises(RuntimeError, match="backend=unsloth needs a CUDA GPU"):
+        backends.check(c, torch.device("cpu"))
+    backends.check(c, torch.device("cuda", 0))  # its own recipe passes (nothing runs on the GPU here)
+    c = OmegaConf.to_object(compose_cfg(["backend=unsloth", "backend.pack=true"]))
+    with pytest.raises(ValueError, match="pack=True"):
+        backends.check(c, torch.device("cuda", 0))
+    monkeypatch.setattr(backends.importlib.util, "find_spec", lambda n, *a: None if n == "unsloth" else real(n, *a))
+    with pytest.raises(CellSkipped, match="pip install unsloth"):
+        backends.check(c, torch.device("cuda", 0))
+
+
+def test_unsloth_cell_runs_in_a_process_of_its_own(tmp_path, monkeypatch):
+    """Unsloth patches transformers' classes on import: its cell goes to the launcher (one process,
+    no torchrun), never into this one, where the next cell of a sweep would inherit the patches."""
+    from lorabench import distributed
+
+    calls = []
+    monkeypatch.setattr(backends, "check", lambda c, device: None)  # as if installed
+    monkeypatch.setattr(distributed, "launch", lambda c, run_dir, result: calls.append(c.backend.name.value) or {})
+    result = run_in_process(["backend=unsloth", *FAST], tmp_path)
+    assert calls == ["unsloth"] and result["status"] == "ok"
+
+
+def test_saved_random_init_loads_as_the_same_model_and_tokenizer(tmp_path, monkeypatch):
+    """What Unsloth's loader reads (from_pretrained on a directory): the random initialisation of
+    train.seed, and a tokenizer.json that encodes as lorabench's tokenizer does; written once."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    monkeypatch.setenv("LORABENCH_CACHE", str(tmp_path))
+    c = OmegaConf.to_object(compose_cfg(["train.seed=7"]))
+    cpu = torch.device("cpu")
+    torch.manual_seed(7)
+    path = backends.saved_random_init(c, cpu)
+    assert path.parent == tmp_path / "random_init" and not list(tmp_path.glob("random_init/*.tmp"))
+    loaded = AutoModelForCausalLM.from_pretrained(path).state_dict()
+    torch.manual_seed(7)
+    fresh = modeling.random_init(c.model, cpu, torch.bfloat16).state_dict()
+    assert loaded.keys() == fresh.keys() and all(torch.equal(loaded[k], fresh[k]) for k in fresh)
+    tok, ours = AutoTokenizer.from_pretrained(path), modeling.build_tokenizer(c.model)
+    text = "Profile before optimising: 1.88x samples/s, tokens/s ~flat. Ünïcödé ✓"
+    assert len(tok) == 32768
+    assert tok(text, add_special_tokens=False).input_ids == ours.encode(text, add_special_tokens=False)
+    stamp = (path / "model.safetensors").stat().st_mtime_ns
+    assert backends.saved_random_init(c, cpu) == path and (path / "model.safetensors").stat().st_mtime_ns == stamp
+    other = OmegaConf.to_object(compose_cfg(["train.seed=8"]))
+    assert backends.saved_random_init(other, cpu) != path  # another seed, other weights: another dir
+
+
 @pytest.mark.gpu
 @requires_cuda
 @pytest.mark.parametrize("precision", ["bf16", "nf4"])

@@ -89,3 +89,38 @@ def test_two_node_cell_matches_one_process_at_the_doubled_batch(tmp_path):
     assert len(a) == len(b) == 6 and max(abs(x - y) for x, y in zip(a, b)) < 1e-4
     node1 = json.loads((tmp_path / "two" / "node1.json").read_text())
     assert node1["status"] == "ok" and node1["dist"]["node"] == 1 and "perf/tokens_per_s" not in node1["metrics"]
+
+
+def test_one_process_launch_runs_the_worker_without_torchrun(tmp_path, monkeypatch):
+    """The launcher's one-process mode (a backend=unsloth cell's own process): `python -m
+    lorabench.distributed <run dir>` as rank 0, no torchrun. The child is run here, in this process
+    (what it would execute: distributed.worker), and trains as the cell does in process."""
+    import subprocess
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    from conftest import compose_cfg
+    from lorabench import distributed
+
+    commands, real_run = [], subprocess.run
+
+    def child(cmd, env=None, **kw):
+        if "lorabench.distributed" not in cmd:  # (subprocess is one module: git's calls pass through)
+            return real_run(cmd, env=env, **kw)
+        commands.append(cmd)
+        monkeypatch.setenv("RANK", env["RANK"])
+        distributed.worker(Path(cmd[-1]))
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(distributed.subprocess, "run", child)
+    cfg = [*COMMON, "batch=2"]
+    (tmp_path / "0").mkdir()
+    result = {}
+    metrics = distributed.launch(OmegaConf.to_object(compose_cfg(cfg)), tmp_path / "0", result)
+    assert len(commands) == 1 and commands[0][1:] == ["-m", "lorabench.distributed", str(tmp_path / "0")]
+    assert metrics["dist/world_size"] == 1 and result["dist"]["devices"] == ["cpu"]
+    one = run_in_process(cfg, tmp_path / "1")
+    a, b = [s["loss"] for s in read_steps(tmp_path / "0")], [s["loss"] for s in read_steps(tmp_path / "1")]
+    assert len(a) == 6 and a == pytest.approx(b, rel=1e-6)
+    assert metrics["count/tokens_nonpad"] == one["metrics"]["count/tokens_nonpad"]

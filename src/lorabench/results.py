@@ -20,7 +20,7 @@ from hydra.experimental.callback import Callback
 
 REPO = Path(__file__).resolve().parents[2]
 LIBS = ("torch", "transformers", "peft", "accelerate", "bitsandbytes", "hydra-core", "omegaconf",
-        "mistral-common", "nvidia-ml-py", "wandb", "liger-kernel", "triton")
+        "mistral-common", "nvidia-ml-py", "wandb", "liger-kernel", "triton", "unsloth", "unsloth_zoo")
 
 
 def atomic_write_text(path: Path, text: str) -> None:
