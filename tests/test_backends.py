@@ -191,6 +191,24 @@ def test_fast_cell_runs_after_and_before_hf_in_one_process(tmp_path):
     assert all(s["loss"] == s["loss"] for s in read_steps(tmp_path / "h"))
 
 
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.skipif(importlib.util.find_spec("unsloth") is None, reason="unsloth not installed")
+def test_unsloth_cell_trains_in_a_process_of_its_own_on_gpu(tmp_path):
+    """Unsloth's loader, LoRA and checkpointing (half the layers) on the tiny model in nf4: the cell
+    trains (loss falls), in a child process: Unsloth's patches never reach this one."""
+    import sys
+
+    r = run_in_process(["backend=unsloth", "precision=nf4", "optimizer=paged_adamw_8bit", "seq_len=128",
+                        "train.gradient_checkpointing=true", "train.checkpoint_fraction=0.5",
+                        "train.max_steps=12", "train.timing_warmup_steps=2", "data.max_samples=64"], tmp_path)
+    assert r["status"] == "ok", r.get("error")
+    assert r["dist"]["nproc"] == 1 and r["model"]["checkpointed_layers"] == 1 and r["model"]["trainable"] > 0
+    losses = [s["loss"] for s in read_steps(tmp_path)]
+    assert len(losses) == 12 and losses[-1] < losses[0] - 1
+    assert "unsloth" not in sys.modules and "Unsloth" in (tmp_path / "ranks.log").read_text()
+
+
 def test_backend_sweep_report_compares_speed_and_loss_curves(tmp_path):
     """A backend sweep on CPU (fast without its CUDA kernels and without packing, so both cells see
     the same batches; run in this process, laid out as a multirun's cells): the report names each
