@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from conftest import REPO, read_result, read_steps, run_cli, run_in_process
+from conftest import REPO, read_result, read_steps, run_in_process
 
 # Dropout on (the tiny default): the RNG states in the checkpoint are part of what must come back.
 STEPS = 20
@@ -52,14 +52,14 @@ def test_kill_then_rerun_resumes_exactly(tmp_path, expected):
     killed = tmp_path / "killed"
     assert start_and_stop(killed, ["train.save_steps=3"], 8, signal.SIGKILL) == -signal.SIGKILL
     assert not (killed / "metrics.json").exists()
-    run_cli("train.py", [*COMMON, "train.save_steps=3", f"hydra.run.dir={killed}"])
+    run_in_process([*COMMON, "train.save_steps=3"], killed)  # the same cell again (in this process: faster)
     r = read_result(killed)
     assert r["status"] == "ok" and r["resumed_from_step"] >= 6 and r["resumed_from_step"] % 3 == 0
     assert [s["step"] for s in read_steps(killed)] == list(range(1, STEPS + 1))
     assert losses(killed) == expected  # bit for bit, on CPU
 
 
-def test_sigterm_then_rerun_resumes_exactly_and_a_finished_cell_is_not_rerun(tmp_path, expected):
+def test_sigterm_then_rerun_resumes_exactly_and_a_finished_cell_is_not_rerun(tmp_path, expected, capsys):
     # SIGTERM without periodic checkpoints: one is written at the end of the current step
     termed = tmp_path / "termed"
     assert start_and_stop(termed, [], 5, signal.SIGTERM) == 0
@@ -67,7 +67,7 @@ def test_sigterm_then_rerun_resumes_exactly_and_a_finished_cell_is_not_rerun(tmp
     assert r["status"] == "interrupted" and "resume" in r["error"]
     stopped_at = len(read_steps(termed))
     assert (termed / "checkpoints" / f"checkpoint-{stopped_at}" / "trainer_state.json").exists()
-    run_cli("train.py", [*COMMON, f"hydra.run.dir={termed}"])
+    run_in_process(COMMON, termed)
     r = read_result(termed)
     assert r["status"] == "ok" and r["resumed_from_step"] == stopped_at
     assert losses(termed) == expected
@@ -76,8 +76,9 @@ def test_sigterm_then_rerun_resumes_exactly_and_a_finished_cell_is_not_rerun(tmp
 
     # the same command once more: the finished cell is not run again
     before = (termed / "steps.jsonl").read_text()
-    proc = run_cli("train.py", [*COMMON, f"hydra.run.dir={termed}"])
-    assert "from an earlier run" in proc.stderr and (termed / "steps.jsonl").read_text() == before
+    capsys.readouterr()
+    run_in_process(COMMON, termed)
+    assert "from an earlier run" in capsys.readouterr().err and (termed / "steps.jsonl").read_text() == before
     assert json.loads((termed / "metrics.json").read_text())["metrics"] == m
 
 
