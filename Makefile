@@ -16,6 +16,6 @@ demo: .venv/.installed
 	$(PY) train.py
 
 test: .venv/.installed
-	$(PY) -m pytest -n 2
+	$(PY) -m pytest -n 2 --dist worksteal  # worksteal: the long tests do not queue behind one worker
 
 .PHONY: demo test
