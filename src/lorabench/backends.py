@@ -129,8 +129,8 @@ def apply_compile(model, c: Config):
 
 def build_unsloth(c: Config, device: torch.device):
     """(model, weights, checkpointed layers) through Unsloth's FastLanguageModel: its loader (the
-    same bitsandbytes quantisation), its patched Mistral (Triton RMSNorm, RoPE, SwiGLU, cross-entropy,
-    fused LoRA matmuls) and its activation checkpointing, for a head-to-head with the other backends.
+    same bitsandbytes quantisation), its patched Mistral (Triton RMSNorm, RoPE and cross-entropy, its
+    fused LoRA autograd for the adapted layers) and its activation checkpointing, for a head-to-head with the other backends.
 
     Unsloth loads from a directory: model.path, or this model's random initialisation saved once
     to the cache (14.5 GB for Mistral-7B in bf16). It patches transformers' classes for the whole
