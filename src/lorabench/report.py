@@ -190,19 +190,26 @@ def read_losses(r: dict) -> dict[int, float]:
         return {}
 
 
-def loss_match_table(results: list[dict], keys: list[str]) -> str:
-    """When only the backend (and the checkpointed fraction, and the backend's own options) vary: do
-    the loss curves agree? Each cell's per-step loss against the first cell's (backend=hf, if any) at
-    every common step: the largest and the mean absolute difference, and the mean relative one."""
+def loss_curves(results: list[dict], keys: list[str]) -> tuple | None:
+    """When only the backend (and the checkpointed fraction, and the backend's own options) vary, the
+    cells trained on the same batches: ((reference cell, its curve), [(cell, curve)...]), the reference
+    being the first backend=hf cell (or the first cell); None otherwise."""
     backend_keys = [k for k in keys if k.startswith("backend.")]
     if not backend_keys or set(keys) - set(backend_keys) - {"train.checkpoint_fraction"}:
-        return ""
-    ok = [r for r in results if r.get("status") == "ok"]
-    curves = [(r, read_losses(r)) for r in ok]
+        return None
+    curves = [(r, read_losses(r)) for r in results if r.get("status") == "ok"]
     curves = [(r, c) for r, c in curves if c]
     if len(curves) < 2:
+        return None
+    return next(((r, c) for r, c in curves if r["config"]["backend"]["name"] == "hf"), curves[0]), curves
+
+
+def loss_match_table(keys: list[str], found: tuple | None) -> str:
+    """Do the loss curves agree? Each cell's per-step loss against the reference's (loss_curves) at
+    every common step: the largest and the mean absolute difference, and the mean relative one."""
+    if found is None:
         return ""
-    ref, ref_c = next(((r, c) for r, c in curves if r["config"]["backend"]["name"] == "hf"), curves[0])
+    (ref, ref_c), curves = found
     lines = [f"Against {label(ref, keys)}:", "",
              "| cell | steps compared | max abs diff | mean abs diff | mean rel diff | last loss |",
              "|---|---|---|---|---|---|"]
@@ -271,7 +278,7 @@ def _bars(ax, names, values, colors, fmt="{:,.0f}"):
 
 
 def make_plots(results: list[dict], keys: list[str], effects: list[dict], cfg: ReportConfig,
-               out_dir: Path) -> dict[str, Path]:
+               out_dir: Path, curves: tuple | None = None) -> dict[str, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     names = [label(r, keys) for r in results]
     colors = [STATUS_COLOR.get(r.get("status"), "#8c8c8c") for r in results]
@@ -296,11 +303,10 @@ def make_plots(results: list[dict], keys: list[str], effects: list[dict], cfg: R
     b.set_xlabel("samples/s" + (" (not comparable across seq_len)" if any(k == "seq_len" for k in keys) else ""))
     save(fig, "throughput", "Throughput per cell (grey: failed, red: out of memory)")
 
-    if loss_match_table(results, keys):  # cells trained on the same batches: their loss curves overlay
+    if curves is not None:  # cells trained on the same batches (loss_curves): their curves overlay
         fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-        curves = [(r, read_losses(r)) for r in results if r.get("status") == "ok"]
-        ref = next((c for r, c in curves if r["config"]["backend"]["name"] == "hf"), curves[0][1])
-        for r, c in curves:
+        (_, ref), cells = curves
+        for r, c in cells:
             steps = sorted(set(c) & set(ref))
             a.plot(steps, [c[s] for s in steps], lw=1, label=label(r, keys))
             b.plot(steps, [c[s] - ref[s] for s in steps], lw=1)
@@ -461,13 +467,14 @@ def write_report(sweep_dir: Path, cfg: ReportConfig | None = None) -> dict:
         extra["Scaling over GPUs (DDP)"] = scaling
     if backends := backend_table(results, keys):
         extra["Backends: each one's fastest cell against the seed's recipe (hf)"] = backends
-    if losses := loss_match_table(results, keys):
+    curves = loss_curves(results, keys)  # each cell's steps.jsonl, read once for the table and the plot
+    if losses := loss_match_table(keys, curves):
         extra["Loss curves against the reference cell (same data, same order)"] = losses
     for title, table in extra.items():
         md += f"\n\n{title}:\n\n{table}"
     (sweep_dir / "results.md").write_text(md + "\n")
     write_csv(results, sweep_dir / "results.csv")
-    plots = make_plots(results, keys, effects, cfg, sweep_dir / "plots") if results else {}
+    plots = make_plots(results, keys, effects, cfg, sweep_dir / "plots", curves) if results else {}
     page = sweep_dir / "report.html"
     page.write_text(render_html(sweep_dir, results, keys, notes, effects, plots, cfg, extra))
     files = [sweep_dir / "results.md", sweep_dir / "results.csv", page, *plots.values()]
