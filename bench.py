@@ -11,21 +11,22 @@ import sys
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
 from omegaconf import DictConfig
 
 import lorabench.config  # noqa: F401  (registers the schemas in Hydra's ConfigStore)
+from lorabench.results import RunContext
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="bench")
 def main(cfg: DictConfig) -> None:
     from lorabench.bench import run_suite
 
+    ctx = RunContext.from_hydra(HydraConfig.get())
     try:
-        code = run_suite(cfg)
-    except (FileNotFoundError, ValueError) as e:  # a wrong dir or option: say so, no traceback
+        code = run_suite(cfg, ctx)
+    except (OSError, ValueError) as e:  # a wrong dir or option: say so, no traceback
         sys.exit(f"bench.py: {e}")
-    if code and not HydraConfig.get().mode == RunMode.MULTIRUN:
+    if code and not ctx.multirun:
         sys.exit(code)  # a failed cell or an exceeded tolerance; a multirun goes on to its next cell
 
 

@@ -33,20 +33,14 @@ def compose_cfg(overrides=(), config_name="train", return_hydra_config=False):
                        return_hydra_config=return_hydra_config)
 
 
-def run_in_process(overrides, run_dir):
-    """One cell through lorabench.train.run_cell in this process (no interpreter start-up)."""
-    from hydra.core.hydra_config import HydraConfig
-    from omegaconf import open_dict
-
+def run_in_process(overrides, run_dir, **ctx):
+    """One cell through lorabench.train.run_cell in this process (no interpreter start-up), with the
+    context the entrypoint would pass; returns its CellResult."""
+    from lorabench.results import RunContext
     from lorabench.train import run_cell
 
-    cfg = compose_cfg(overrides, return_hydra_config=True)
-    with open_dict(cfg):
-        cfg.hydra.runtime.output_dir = str(run_dir)
-    HydraConfig.instance().set_config(cfg)
-    with open_dict(cfg):
-        del cfg["hydra"]
-    return run_cell(cfg)
+    ctx = RunContext(run_dir=Path(run_dir), name=",".join(overrides) or "defaults", overrides=list(overrides), **ctx)
+    return run_cell(compose_cfg(overrides), ctx)
 
 
 def run_cli(script, args, cwd=REPO, check=True, env=None):

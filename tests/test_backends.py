@@ -94,18 +94,19 @@ def test_fast_backend_packs_real_data_not_synthetic():
 
 def test_liger_on_cpu_is_refused_with_the_reason(tmp_path):
     result = run_in_process(["backend=liger", *FAST], tmp_path)
-    assert result["status"] == "failed"
-    assert "backend=liger" in result["error"] and "CUDA" in result["error"] and "backend=hf" in result["error"]
+    assert result.status.value == "failed"
+    assert "backend=liger" in result.error and "CUDA" in result.error and "backend=hf" in result.error
 
 
 def test_unsloth_without_the_package_is_skipped(tmp_path):
     result = run_in_process(["backend=unsloth", *FAST], tmp_path)
-    assert result["status"] == "skipped" and "pip install unsloth" in result["error"]
+    assert result.status.value == "skipped" and "pip install unsloth" in result.error
 
 
 def test_unsloth_is_refused_on_cpu_and_with_options_it_does_not_read(monkeypatch):
     """As if Unsloth were installed: CPU is refused, and so are the other backends' options."""
-    from lorabench.cell import CellSkipped
+    from lorabench.checks import check_values
+    from lorabench.results import CellSkipped
 
     real = importlib.util.find_spec
     monkeypatch.setattr(backends.importlib.util, "find_spec", lambda n, *a: n == "unsloth" or real(n, *a))
@@ -115,7 +116,7 @@ def test_unsloth_is_refused_on_cpu_and_with_options_it_does_not_read(monkeypatch
     backends.check(c, torch.device("cuda", 0))  # its own recipe passes (nothing runs on the GPU here)
     c = OmegaConf.to_object(compose_cfg(["backend=unsloth", "backend.pack=true"]))
     with pytest.raises(ValueError, match="pack=True"):
-        backends.check(c, torch.device("cuda", 0))
+        check_values(c)
     monkeypatch.setattr(backends.importlib.util, "find_spec", lambda n, *a: None if n == "unsloth" else real(n, *a))
     with pytest.raises(CellSkipped, match="pip install unsloth"):
         backends.check(c, torch.device("cuda", 0))
@@ -130,7 +131,7 @@ def test_unsloth_cell_runs_in_a_process_of_its_own(tmp_path, monkeypatch):
     monkeypatch.setattr(backends, "check", lambda c, device: None)  # as if installed
     monkeypatch.setattr(distributed, "launch", lambda c, run_dir, result: calls.append(c.backend.name.value) or {})
     result = run_in_process(["backend=unsloth", *FAST], tmp_path)
-    assert calls == ["unsloth"] and result["status"] == "ok"
+    assert calls == ["unsloth"] and result.status.value == "ok"
 
 
 def test_saved_random_init_loads_as_the_same_model_and_tokenizer(tmp_path, monkeypatch):
@@ -183,11 +184,11 @@ def test_fast_cell_runs_after_and_before_hf_in_one_process(tmp_path):
 
     before = modeling_mistral.MistralRMSNorm
     r = run_in_process(["backend=fast", "precision=nf4", "optimizer=paged_adamw_8bit", *FAST], tmp_path / "f")
-    assert r["status"] == "ok", r.get("error")
+    assert r.status.value == "ok", r.error
     assert read_result(tmp_path / "f")["metrics"]["data/packed_rows"] > 0
     assert modeling_mistral.MistralRMSNorm is before
     r = run_in_process(["backend=hf", "precision=nf4", "optimizer=paged_adamw_8bit", *FAST], tmp_path / "h")
-    assert r["status"] == "ok", r.get("error")
+    assert r.status.value == "ok", r.error
     assert all(s["loss"] == s["loss"] for s in read_steps(tmp_path / "h"))
 
 
@@ -202,8 +203,8 @@ def test_unsloth_cell_trains_in_a_process_of_its_own_on_gpu(tmp_path):
     r = run_in_process(["backend=unsloth", "precision=nf4", "optimizer=paged_adamw_8bit", "seq_len=128",
                         "train.gradient_checkpointing=true", "train.checkpoint_fraction=0.5",
                         "train.max_steps=12", "train.timing_warmup_steps=2", "data.max_samples=64"], tmp_path)
-    assert r["status"] == "ok", r.get("error")
-    assert r["dist"]["nproc"] == 1 and r["model"]["checkpointed_layers"] == 1 and r["model"]["trainable"] > 0
+    assert r.status.value == "ok", r.error
+    assert r.dist["nproc"] == 1 and r.model["checkpointed_layers"] == 1 and r.model["trainable"] > 0
     losses = [s["loss"] for s in read_steps(tmp_path)]
     assert len(losses) == 12 and losses[-1] < losses[0] - 1
     assert "unsloth" not in sys.modules and "Unsloth" in (tmp_path / "ranks.log").read_text()
@@ -223,12 +224,14 @@ def test_backend_sweep_report_compares_speed_and_loss_curves(tmp_path):
         r = run_in_process([f"backend={backend}", "backend.liger=[]", "backend.pack=false",
                             "train.gradient_checkpointing=true", "train.checkpoint_fraction=0.5", *FAST],
                            tmp_path / str(n))
-        assert r["status"] == "ok", r.get("error")
-    md = write_report(tmp_path)["markdown"]
+        assert r.status.value == "ok", r.error
+    md = write_report(tmp_path).markdown
     assert "Backends: each one's fastest cell" in md and "| reference |" not in md
-    rows = {m.group(1) for m in re.finditer(r"\| 1 \(gpu=\w+\) \| (hf|fast) \| 4, 0.5 \| ([\d,]+) \|", md)}
-    assert rows == {"hf", "fast"}  # no hf cell checkpoints every layer here: no reference row
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"\| gpu=\w+ \| (hf|fast) \| padded \| 4, 0.5 \| [\d,]+ \|"
+                                                      r"(?: [^|]+ \|){4} ([^|]+) \|", md)}
+    assert rows == {"hf": "no hf seed cell on these rows", "fast": "no hf seed cell on these rows"}, rows
+    # (no hf cell checkpoints every layer here: no ratio, and no reference row either)
     table = md.split("Loss curves against the reference cell")[1]
-    diff = re.search(r"\| name=fast,upcast_fp32=False \| (\d+) \| ([\d.]+) \|", table)
+    diff = re.search(r"\| backend=fast \| (\d+) \| ([\d.]+) \|", table)
     assert diff and int(diff.group(1)) == 6 and float(diff.group(2)) < 1e-4
     assert (tmp_path / "plots" / "loss.png").stat().st_size > 0

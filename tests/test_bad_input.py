@@ -92,9 +92,9 @@ def safetensors_dir(tmp_path, damage):
 def test_damaged_or_pickled_checkpoints_fail_before_the_load(tmp_path, damage, words):
     d, _ = safetensors_dir(tmp_path, damage)
     r = run_in_process([*FAST, f"model.path={d}"], tmp_path / "run")
-    assert r["status"] == "failed" and "model" not in r
+    assert r.status.value == "failed" and r.model is None
     for w in words + [str(d)]:
-        assert w in r["error"], (w, r["error"])
+        assert w in r.error, (w, r.error)
 
 
 @pytest.mark.parametrize("overrides,words", [
@@ -106,9 +106,9 @@ def test_damaged_or_pickled_checkpoints_fail_before_the_load(tmp_path, damage, w
 ], ids=["unknown-target-module", "missing-model-path", "conflicting-packing", "missing-data-file"])
 def test_impossible_combinations_fail_before_the_model_is_built(tmp_path, overrides, words):
     r = run_in_process([*FAST, *overrides], tmp_path)
-    assert r["status"] == "failed" and "model" not in r, r.get("error")
+    assert r.status.value == "failed" and r.model is None, r.error
     for w in words:
-        assert w in r["error"], (w, r["error"])
+        assert w in r.error, (w, r.error)
 
 
 def test_an_output_dir_that_cannot_be_written_is_named(tmp_path):

@@ -6,23 +6,20 @@ import math
 
 import pytest
 from conftest import compose_cfg, read_result, requires_cuda, run_cli
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import open_dict
+from pathlib import Path
+
 
 from lorabench import cell
 from lorabench.bench import MEASURED, consistency
 from lorabench.config import Suite
+from lorabench.results import RunContext
 
 
 def run_bench(overrides, run_dir):
-    cfg = compose_cfg(overrides, config_name="bench", return_hydra_config=True)
-    with open_dict(cfg):
-        cfg.hydra.runtime.output_dir = str(run_dir)
-    HydraConfig.instance().set_config(cfg)
-    with open_dict(cfg):
-        del cfg["hydra"]
+    cfg = compose_cfg(overrides, config_name="bench")
     suite = Suite(cfg.suite)
-    return cell.run(cfg, MEASURED[suite], job_type=f"bench-{suite.value}")
+    ctx = RunContext(run_dir=Path(run_dir), name=",".join(overrides))
+    return cell.run(cfg, ctx, MEASURED[suite], job_type=f"bench-{suite.value}")
 
 
 def finite_positive(metrics, prefix):
@@ -33,30 +30,30 @@ def finite_positive(metrics, prefix):
 
 def test_hardware_suite(tmp_path):
     r = run_bench(["suite=hardware", "hardware.sizes=[64,128]", "hardware.copy_mib=8", "hardware.repeats=3"], tmp_path)
-    assert r["status"] == "ok", r.get("error")
+    assert r.status.value == "ok", r.error
     m = finite_positive(read_result(tmp_path)["metrics"], "hw/")
     for dtype in ("bf16", "fp16", "tf32", "fp32"):
         assert m[f"hw/matmul_{dtype}_best_tflops"] == max(m[f"hw/matmul_{dtype}_{n}_tflops"] for n in (64, 128))
     assert m["hw/device_copy_gbs"] > 0.1  # GB/s, bytes read plus written
-    assert r["metrics"]["hw/matmul_bf16_best_of_peak"] is None  # no datasheet for a CPU: no made-up fraction
+    assert r.metrics["hw/matmul_bf16_best_of_peak"] is None  # no datasheet for a CPU: no made-up fraction
 
 
 def test_loading_suite_measures_each_precision(tmp_path):
     fp32 = run_bench(["suite=loading", "precision=fp32"], tmp_path / "fp32")
     bf16 = run_bench(["suite=loading", "precision=bf16"], tmp_path / "bf16")
-    assert fp32["status"] == bf16["status"] == "ok" and fp32["model"]["weights"] == "random_init"
+    assert fp32.status.value == bf16.status.value == "ok" and fp32.model["weights"] == "random_init"
     # half the bytes per weight (a few fp32 buffers, e.g. rotary frequencies, stay as they are)
-    assert bf16["metrics"]["load/footprint_gib"] == pytest.approx(fp32["metrics"]["load/footprint_gib"] / 2, rel=1e-3)
-    assert fp32["metrics"]["load/seconds"] > 0
+    assert bf16.metrics["load/footprint_gib"] == pytest.approx(fp32.metrics["load/footprint_gib"] / 2, rel=1e-3)
+    assert fp32.metrics["load/seconds"] > 0
     nf4 = run_bench(["suite=loading", "precision=nf4"], tmp_path / "nf4")
-    assert nf4["status"] == "failed" and "needs a CUDA GPU" in nf4["error"]
+    assert nf4.status.value == "failed" and "needs a CUDA GPU" in nf4.error
 
 
 def test_inference_suite(tmp_path):
     r = run_bench(["suite=inference", "inference.batches=[1,3]", "inference.prompt_len=8",
                    "inference.new_tokens=6", "inference.repeats=2"], tmp_path)
-    assert r["status"] == "ok", r.get("error")
-    m = finite_positive(r["metrics"], "infer/")
+    assert r.status.value == "ok", r.error
+    m = finite_positive(r.metrics, "infer/")
     for b in (1, 3):
         # tokens/s, time to first token and per-token latency describe the same generate() calls
         full_s = b * 6 / m[f"infer/b{b}_tokens_per_s"]
@@ -105,7 +102,7 @@ def test_consistency_needs_two_files(tmp_path):
 @requires_cuda
 def test_hardware_fractions_on_a_gpu(tmp_path):
     r = run_bench(["suite=hardware", "hardware.sizes=[4096]", "hardware.copy_mib=512"], tmp_path)
-    m = r["metrics"]
+    m = r.metrics
     assert 0.2 < m["hw/matmul_bf16_best_of_peak"] < 1.2 and 0.3 < m["hw/device_copy_of_peak"] < 1.2
     assert m["hw/h2d_pinned_gbs"] > m["hw/h2d_pageable_gbs"] * 0.8
 
@@ -122,6 +119,6 @@ def test_loading_reads_real_weights_from_a_local_path(tmp_path):
     saved = AutoModelForCausalLM.from_config(mistral_config(OmegaConf.to_object(compose_cfg()).model))
     saved.save_pretrained(tmp_path / "ckpt", safe_serialization=True)
     r = run_bench(["suite=loading", f"model.path={tmp_path / 'ckpt'}"], tmp_path / "run")
-    assert r["status"] == "ok" and r["model"]["weights"] == str(tmp_path / "ckpt")
+    assert r.status.value == "ok" and r.model["weights"] == str(tmp_path / "ckpt")
     missing = run_bench(["suite=loading", f"model.path={tmp_path / 'nope'}"], tmp_path / "run2")
-    assert missing["status"] == "failed" and "no such directory" in missing["error"]
+    assert missing.status.value == "failed" and "no such directory" in missing.error

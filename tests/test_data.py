@@ -264,7 +264,7 @@ def test_packed_sample_equals_the_sample_alone(tmp_path, tok):
 
 def test_meter_counts_the_same_tokens_packed_or_not(tok):
     """Non-pad tokens, label tokens, samples and the attention sum of l^2 do not depend on packing."""
-    from lorabench.metrics import StepMeter
+    from lorabench.meter import StepMeter
 
     samples = [data.tokenize_record(tok, {"messages": m}, 64, True) for m in ([CONV[0], CONV[1]], CONV)]
     for s in samples:

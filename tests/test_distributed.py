@@ -20,20 +20,20 @@ def test_two_rank_cell_matches_one_process_at_the_doubled_batch(tmp_path):
     seeded sampler by batches), so the losses agree step by step, not just on average."""
     two = run_in_process([*COMMON, "batch=2", "train.nproc=2"], tmp_path / "0")
     one = run_in_process([*COMMON, "batch=4"], tmp_path / "1")
-    assert two["status"] == one["status"] == "ok", (two.get("error"), one.get("error"))
+    assert two.status.value == one.status.value == "ok", (two.error, one.error)
     a, b = [s["loss"] for s in read_steps(tmp_path / "0")], [s["loss"] for s in read_steps(tmp_path / "1")]
     assert len(a) == len(b) == 6 and max(abs(x - y) for x, y in zip(a, b)) < 1e-4
-    m = two["metrics"]
-    assert m["dist/world_size"] == 2 and two["dist"]["devices"] == ["cpu", "cpu"]
+    m = two.metrics
+    assert m["dist/world_size"] == 2 and two.dist["devices"] == ["cpu", "cpu"]
     # global counts: both ranks' samples, 2 x 2 per step over 4 timed steps
-    assert m["count/samples"] == 16 == one["metrics"]["count/samples"]
+    assert m["count/samples"] == 16 == one.metrics["count/samples"]
     assert m["count/tokens_nonpad"] == 16 * 64
-    assert m["cost/usd_per_hour"] == 2 * one["metrics"]["cost/usd_per_hour"]  # two processes' hours
+    assert m["cost/usd_per_hour"] == 2 * one.metrics["cost/usd_per_hour"]  # two processes' hours
     assert (tmp_path / "0" / "steps.rank1.jsonl").exists() and (tmp_path / "0" / "ranks.log").exists()
     # the sweep report's scaling table pairs the 2-process cell with its 1-process twin
     for i in (0, 1):
         (tmp_path / str(i) / ".hydra").mkdir()
-    md = write_report(tmp_path)["markdown"]
+    md = write_report(tmp_path).markdown
     assert "Scaling over GPUs" in md and "| 2 |" in md
 
 
@@ -44,7 +44,7 @@ def test_more_processes_than_gpus_is_refused_before_any_launch(tmp_path):
         pytest.skip("a node with 64 GPUs")
     r = run_in_process(["train.nproc=64", "train.device=auto", "train.max_steps=6", "train.timing_warmup_steps=2"],
                        tmp_path)
-    assert r["status"] == "failed" and "train.nproc=64" in r["error"] and "train.device=cpu" in r["error"]
+    assert r.status.value == "failed" and "train.nproc=64" in r.error and "train.device=cpu" in r.error
     assert not (tmp_path / "ranks.log").exists()
 
 
@@ -84,7 +84,7 @@ def test_two_node_cell_matches_one_process_at_the_doubled_batch(tmp_path):
     two = read_result(tmp_path / "two")
     assert two["status"] == "ok", two.get("error")
     assert two["dist"]["nnodes"] == 2 and two["metrics"]["dist/world_size"] == 2
-    assert two["metrics"]["count/samples"] == one["metrics"]["count/samples"]
+    assert two["metrics"]["count/samples"] == one.metrics["count/samples"]
     a, b = [s["loss"] for s in read_steps(tmp_path / "two")], [s["loss"] for s in read_steps(tmp_path / "one")]
     assert len(a) == len(b) == 6 and max(abs(x - y) for x, y in zip(a, b)) < 1e-4
     node1 = json.loads((tmp_path / "two" / "node1.json").read_text())
@@ -93,34 +93,35 @@ def test_two_node_cell_matches_one_process_at_the_doubled_batch(tmp_path):
 
 def test_one_process_launch_runs_the_worker_without_torchrun(tmp_path, monkeypatch):
     """The launcher's one-process mode (a backend=unsloth cell's own process): `python -m
-    lorabench.distributed <run dir>` as rank 0, no torchrun. The child is run here, in this process
-    (what it would execute: distributed.worker), and trains as the cell does in process."""
+    lorabench.worker <run dir>` as rank 0, no torchrun. The child is run here, in this process
+    (what it would execute: worker.worker), and trains as the cell does in process."""
     import subprocess
     from pathlib import Path
 
     from omegaconf import OmegaConf
 
     from conftest import compose_cfg
-    from lorabench import distributed
+    from lorabench import distributed, worker
+    from lorabench.results import CellResult, Status
 
     commands, real_run = [], subprocess.run
 
     def child(cmd, env=None, **kw):
-        if "lorabench.distributed" not in cmd:  # (subprocess is one module: git's calls pass through)
+        if "lorabench.worker" not in cmd:  # (subprocess is one module: git's calls pass through)
             return real_run(cmd, env=env, **kw)
         commands.append(cmd)
         monkeypatch.setenv("RANK", env["RANK"])
-        distributed.worker(Path(cmd[-1]))
+        worker.worker(Path(cmd[-1]))
         return subprocess.CompletedProcess(cmd, 0)
 
     monkeypatch.setattr(distributed.subprocess, "run", child)
     cfg = [*COMMON, "batch=2"]
     (tmp_path / "0").mkdir()
-    result = {}
+    result = CellResult(Status.running, "cell")
     metrics = distributed.launch(OmegaConf.to_object(compose_cfg(cfg)), tmp_path / "0", result)
-    assert len(commands) == 1 and commands[0][1:] == ["-m", "lorabench.distributed", str(tmp_path / "0")]
-    assert metrics["dist/world_size"] == 1 and result["dist"]["devices"] == ["cpu"]
+    assert len(commands) == 1 and commands[0][1:] == ["-m", "lorabench.worker", str(tmp_path / "0")]
+    assert metrics["dist/world_size"] == 1 and result.dist["devices"] == ["cpu"]
     one = run_in_process(cfg, tmp_path / "1")
     a, b = [s["loss"] for s in read_steps(tmp_path / "0")], [s["loss"] for s in read_steps(tmp_path / "1")]
     assert len(a) == 6 and a == pytest.approx(b, rel=1e-6)
-    assert metrics["count/tokens_nonpad"] == one["metrics"]["count/tokens_nonpad"]
+    assert metrics["count/tokens_nonpad"] == one.metrics["count/tokens_nonpad"]

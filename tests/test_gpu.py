@@ -12,7 +12,7 @@ pytestmark = [pytest.mark.gpu, requires_cuda]
 def test_quantised_and_half_precision_cells_run(tmp_path, precision, optimizer):
     result = run_in_process([f"precision={precision}", f"optimizer={optimizer}", "train.gradient_checkpointing=true",
                              *FAST], tmp_path)
-    assert result["status"] == "ok", result.get("error")
+    assert result.status.value == "ok", result.error
     m = read_result(tmp_path)["metrics"]
     assert m["mem/peak_allocated_gib"] > 0 and m["mem/peak_reserved_gib"] >= m["mem/peak_allocated_gib"]
     assert m["gpu/nvml_samples"] >= 1 and m["gpu/power_mean_w"] > 0
@@ -45,19 +45,19 @@ def test_consecutive_cells_do_not_accumulate_memory(tmp_path):
     before = torch.cuda.memory_allocated()
     for i in range(2):
         r = run_in_process(["precision=nf4", "optimizer=paged_adamw_8bit", *FAST], tmp_path / str(i))
-        assert r["status"] == "ok", r.get("error")
+        assert r.status.value == "ok", r.error
         assert torch.cuda.memory_allocated() - before < 1 * 2**20, f"cell {i} left memory allocated"
 
 
 def test_an_emulated_memory_budget_turns_a_cell_into_oom(tmp_path):
     """gpu=a10 on a bigger GPU caps this process's memory; here at 10 MiB, which nothing fits in."""
     r = run_in_process(["gpu=a10", "gpu.match=[no-such-gpu]", "gpu.memory_gib=0.01", *FAST], tmp_path / "oom")
-    assert r["status"] == "oom" and r["gpu"]["emulated"] == "a10" and r["metrics"]["mem/budget_gib"] == 0.01
-    assert r["gpu"]["name"] != "a10"  # priced as the real GPU
+    assert r.status.value == "oom" and r.gpu["emulated"] == "a10" and r.metrics["mem/budget_gib"] == 0.01
+    assert r.gpu["name"] != "a10"  # priced as the real GPU
     big = run_in_process(["gpu=a10", "gpu.match=[no-such-gpu]", "gpu.memory_gib=100000", *FAST], tmp_path / "big")
-    assert big["status"] == "failed" and "more than this device has" in big["error"]
+    assert big.status.value == "failed" and "more than this device has" in big.error
     ok = run_in_process(FAST, tmp_path / "after")  # the budget is lifted for the next cell
-    assert ok["status"] == "ok"
+    assert ok.status.value == "ok"
 
 
 def test_sizing_sweep_on_cuda_finds_the_largest_batch(tmp_path):
@@ -82,8 +82,8 @@ def test_profile_on_cuda_attributes_kernels(tmp_path):
     r = run_in_process(["precision=nf4", "optimizer=paged_adamw_8bit", "train.gradient_checkpointing=true",
                         "train.max_steps=8", "train.timing_warmup_steps=2", "train.profile_steps=3",
                         "data.max_samples=64"], tmp_path)
-    assert r["status"] == "ok", r.get("error")
-    m = r["metrics"]
+    assert r.status.value == "ok", r.error
+    m = r.metrics
     assert sum(m[f"prof/{c}_ms"] for c in CATEGORIES) == pytest.approx(m["prof/step_ms"], rel=1e-9)
     assert abs(m["prof/step_ms"] - m["prof/measured_step_ms"]) <= 0.05 * m["prof/measured_step_ms"] + 2.0
     for c in ("matmul", "dequant", "attention", "elementwise", "loss", "optimizer"):

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from lorabench.config import GpuConfig, Pricing
-from lorabench.metrics import percentile, resolve_gpu, summarize
+from lorabench.devices import resolve_gpu
+from lorabench.metrics import percentile, summarize
 
 PARAMS = {"base_matmul": 1_000_000, "trainable": 10_000}
 ARCH = {"layers": 2, "heads": 4, "head_dim": 32}

@@ -50,8 +50,8 @@ def test_breakdown_partitions_the_measured_step_time(tmp_path, monkeypatch):
     monkeypatch.setattr(profile, "breakdown", lambda *a, **k: (time.sleep(1.0), slow(*a, **k))[1])
     result = run_in_process(["train.max_steps=8", "train.timing_warmup_steps=2", "train.profile_steps=3",
                              "data.max_samples=64"], tmp_path)
-    assert result["status"] == "ok", result.get("error")
-    m = result["metrics"]
+    assert result.status.value == "ok", result.error
+    m = result.metrics
     assert m["prof/steps"] == 3 and m["count/timed_steps"] == 8 - 2 - 3  # profiled steps are not timed
     parts = sum(m[f"prof/{c}_ms"] for c in CATEGORIES)
     assert parts == pytest.approx(m["prof/step_ms"], rel=1e-9)

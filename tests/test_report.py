@@ -10,7 +10,9 @@ from conftest import FAST, REPO, run_cli
 from wandb_records import summarize_run
 
 from lorabench.config import ReportConfig
-from lorabench.report import knob_effects, projection, write_report
+from lorabench.analysis import knob_effects, projection
+from lorabench.report import write_report
+from lorabench.results import CellResult
 
 SECRET_KEY, SECRET_TOKEN = "fake-wandb-key-0123456789abcdef", "hf_fakeTokenThatMustNeverLeak42"
 
@@ -21,8 +23,8 @@ def sweep(tmp_path_factory):
     with a fake W&B key and HF token planted in the environment."""
     d = tmp_path_factory.mktemp("sweep")
     pytest.importorskip("wandb")
-    proc = run_cli("train.py", ["-m", "seq_len=32,5000", "batch=2,3", *FAST, "logger=wandb",
-                                f"hydra.sweep.dir={d}"],
+    proc = run_cli("train.py", ["-m", "seq_len=32,5000", "batch=2,3", *FAST, "logger=wandb", "sweep.keep_going=true",
+                                f"hydra.sweep.dir={d}"], check=False,
                    env={"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_API_KEY": SECRET_KEY,
                         "HF_TOKEN": SECRET_TOKEN})
     return d, proc
@@ -33,7 +35,9 @@ def cells(d):
 
 
 def test_report_files_hold_the_cells_numbers(sweep):
-    d, _ = sweep
+    d, proc = sweep
+    assert proc.returncode == 2  # a multirun with a failed cell (README: exit codes)
+    assert proc.stderr.splitlines()[-1].startswith("cells: 4 = 2 ok, 2 failed; not measured: 2 (")
     own = cells(d)
     assert len(own) == 4 and sorted(r["status"] for r in own.values()) == ["failed", "failed", "ok", "ok"]
     rows = list(csv.DictReader(open(d / "results.csv")))
@@ -47,6 +51,7 @@ def test_report_files_hold_the_cells_numbers(sweep):
     md = (d / "results.md").read_text()
     assert md.count("| ok |") == 2 and md.count("failed: ValueError: seq_len=5000 exceeds") == 2
     assert "batch 2 -> 3: non-pad tokens/s" in md  # the knob effect, from the two finished cells
+    assert rows[0]["seq_len"] == "32" and rows[0]["batch"] == "2" and rows[0]["model"] == "tiny"  # config columns
     for name in ("throughput", "speedup", "cost", "projection", "knobs"):
         png = d / "plots" / f"{name}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
@@ -57,7 +62,9 @@ def test_report_files_hold_the_cells_numbers(sweep):
 
 
 def test_one_offline_wandb_run_per_cell_with_its_result(sweep):
-    d, _ = sweep
+    d, proc = sweep
+    assert proc.returncode == 2  # a multirun with a failed cell (README: exit codes)
+    assert proc.stderr.splitlines()[-1].startswith("cells: 4 = 2 ok, 2 failed; not measured: 2 (")
     own = cells(d)
     runs = {}
     for f in d.glob("*/wandb/offline-run-*/run-*.wandb"):
@@ -99,22 +106,22 @@ def test_workspace_payload_compares_the_sweep(tmp_path):
     for metric in ("perf/tokens_per_s", "mem/peak_reserved_gib", "cost/usd_per_1k_samples", "batch", "seq_len"):
         assert metric in payload, metric
     assert "2026-11-22_10-00-00" in payload and "train-cell" in payload  # filtered to the sweep's cell runs
-    columns, rows = aggregate_rows([{"cell": "batch=2", "status": "ok", "config": {"batch": 2},
-                                     "metrics": {"perf/tokens_per_s": 10.0}}], ["batch"])
+    columns, rows = aggregate_rows([CellResult.from_dict({"cell": "batch=2", "status": "ok", "config": {"batch": 2},
+                                                          "metrics": {"perf/tokens_per_s": 10.0}})], ["batch"])
     assert rows == [["batch=2", "2", "ok", None, 10.0, None, None, None, None, None]] and columns[1] == "batch"
 
 
 def test_knob_effects_pair_cells_that_differ_in_one_key():
     def r(batch, seq, tok, mem):
-        return {"status": "ok", "config": {"batch": batch, "seq_len": seq},
-                "metrics": {"perf/tokens_per_s": tok, "mem/peak_reserved_gib": mem}}
+        return CellResult.from_dict({"status": "ok", "config": {"batch": batch, "seq_len": seq},
+                                     "metrics": {"perf/tokens_per_s": tok, "mem/peak_reserved_gib": mem}})
     results = [r(4, 512, 100.0, 10.0), r(8, 512, 150.0, 12.0), r(4, 1024, 110.0, 12.5), r(8, 1024, 165.0, 16.5),
-               {"status": "oom", "config": {"batch": 16, "seq_len": 1024}, "metrics": {}}]
+               CellResult.from_dict({"status": "oom", "config": {"batch": 16, "seq_len": 1024}, "metrics": {}})]
     effects = {(e["key"], e["from"], e["to"]): e for e in knob_effects(results, ["batch", "seq_len"])}
-    assert effects[("batch", 4, 8)]["tokens_ratio"] == pytest.approx(1.5)  # 150/100 and 165/110
-    assert effects[("batch", 4, 8)]["mem_delta_gib"] == pytest.approx(3.0)  # median of 2.0 and 4.0
-    assert effects[("seq_len", 512, 1024)]["tokens_ratio"] == pytest.approx(median_of(1.1, 1.1))
-    assert effects[("batch", 4, 8)]["pairs"] == 2 and len(effects) == 2  # the OOM cell pairs with nothing
+    assert effects[("batch", "4", "8")]["tokens_ratio"] == pytest.approx(1.5)  # 150/100 and 165/110
+    assert effects[("batch", "4", "8")]["mem_delta_gib"] == pytest.approx(3.0)  # median of 2.0 and 4.0
+    assert effects[("seq_len", "512", "1024")]["tokens_ratio"] == pytest.approx(median_of(1.1, 1.1))
+    assert effects[("batch", "4", "8")]["pairs"] == 2 and len(effects) == 2  # the OOM cell pairs with nothing
 
 
 def median_of(*xs):
@@ -123,8 +130,8 @@ def median_of(*xs):
 
 
 def test_projection_for_a_dataset_size():
-    r = {"status": "ok", "metrics": {"perf/samples_per_s": 1.46, "count/tokens_nonpad": 5120, "count/samples": 10,
-                                     "cost/usd_per_hour": 0.60}}
+    r = CellResult.from_dict({"status": "ok", "metrics": {"perf/samples_per_s": 1.46, "count/tokens_nonpad": 5120,
+                                                          "count/samples": 10, "cost/usd_per_hour": 0.60}})
     p = projection(r, ReportConfig(dataset_samples=10_000, reference_usd_per_1m_tokens=2.0))
     assert p["hours"] == pytest.approx(10_000 / 1.46 / 3600)  # the seed's "10,000 samples": 1.9 h
     assert p["usd"] == pytest.approx(p["hours"] * 0.60) and p["tokens"] == 10_000 * 512
@@ -142,8 +149,8 @@ def test_broken_sweep_dirs_give_a_clear_message(tmp_path):
     (tmp_path / "0" / ".hydra").mkdir(parents=True)
     (tmp_path / "0" / "metrics.json").write_text('{"status": "ok", "metr')
     out = write_report(tmp_path)
-    assert "No result (incomplete): 0" in out["markdown"]
-    assert math.isfinite(len(out["files"]))
+    assert "No result (incomplete): 0" in out.markdown
+    assert math.isfinite(len(out.files))
 
 
 def test_bench_report_options_compose():

@@ -35,7 +35,8 @@ def test_result_file_holds_consistent_numbers(default_run):
     assert r["status"] == "ok" and r["model"]["weights"] == "random_init"
     assert len(steps) == cfg["train"]["max_steps"] and [s["step"] for s in steps] == list(range(1, len(steps) + 1))
     timed = [s for s in steps if s["timed"]]
-    warm = cfg["train"]["timing_warmup_steps"]
+    warm = r["metrics"]["count/warmup_steps"]
+    assert warm == 5 and cfg["train"]["timing_warmup_steps"] is None  # unset: 5 for a run this long
     assert len(timed) == len(steps) - warm and all(not s["timed"] for s in steps[:warm])
     m = r["metrics"]
     assert m["count/tokens_nonpad"] == sum(s["tokens_nonpad"] for s in timed)
@@ -89,7 +90,7 @@ def test_synthetic_tokens_count_exactly_and_a_partial_sweep_still_reports(tmp_pa
     (tmp_path / "results.md").unlink()
     out = write_report(tmp_path)  # what `python bench.py sweep_dir=...` runs (its CLI: test_report.py)
     md = (tmp_path / "results.md").read_text()
-    assert md == out["markdown"] + "\n"
+    assert md == out.markdown + "\n"
     assert md.count("| ok |") == 1 and "No result (incomplete): 1" in md and "seq_len=24" in md
 
 
@@ -107,8 +108,8 @@ def test_impossible_cell_fails_before_the_model_is_built(tmp_path, override, mes
     if override == "train.device=cuda" and torch.cuda.is_available():
         pytest.skip("CUDA is available here")
     result = run_in_process([override, *FAST], tmp_path)
-    assert result["status"] == "failed" and message in result["error"] and "model" not in result
-    assert read_result(tmp_path)["error"] == result["error"]
+    assert result.status.value == "failed" and message in result.error and result.model is None
+    assert read_result(tmp_path)["error"] == result.error
     assert not (tmp_path / "steps.jsonl").exists()
 
 
@@ -121,7 +122,7 @@ def test_out_of_memory_is_recorded_as_oom(tmp_path, monkeypatch):
 
     monkeypatch.setattr(modeling, "build_model", oom)
     result = run_in_process(FAST, tmp_path)
-    assert result["status"] == "oom" and "Tried to allocate 2.00 GiB" in result["error"]
+    assert result.status.value == "oom" and "Tried to allocate 2.00 GiB" in result.error
     assert read_result(tmp_path)["status"] == "oom"
 
 
@@ -133,24 +134,24 @@ def test_out_of_memory_is_recorded_as_oom(tmp_path, monkeypatch):
 ], ids=lambda o: ",".join(o))
 def test_every_cpu_option_trains(tmp_path, overrides):
     result = run_in_process([*overrides, *FAST], tmp_path)
-    assert result["status"] == "ok", result.get("error")
+    assert result.status.value == "ok", result.error
     assert "rank" not in read_result(tmp_path)  # per-rank records are for DDP launchers only
-    m, cfg = result["metrics"], result["config"]
+    m, cfg = result.metrics, result.config
     assert math.isfinite(m["train/loss_final"]) and m["perf/tokens_per_s"] > 0
     assert m["count/samples"] == cfg["batch"] * cfg["train"]["grad_accum"] * m["count/timed_steps"]
     # LoRA adds r * (in + out) per adapted layer. Tiny: hidden 128, kv 2 x 32 = 64, MLP 384, 2 layers.
     qkvo = 2 * 16 * ((128 + 128) + (128 + 64) * 2 + (128 + 128))
     mlp = 2 * 16 * (128 + 384) * 3
     if "lora=all_linear" in overrides:
-        assert result["model"]["trainable"] == qkvo + mlp
+        assert result.model["trainable"] == qkvo + mlp
     elif "lora=r8" in overrides:
-        assert result["model"]["trainable"] == qkvo // 2
+        assert result.model["trainable"] == qkvo // 2
     else:
-        assert result["model"]["trainable"] == qkvo
+        assert result.model["trainable"] == qkvo
     if "gpu=a10" in overrides:  # priced as an A10 on spot, as asked
-        assert result["gpu"]["name"] == "a10" and m["cost/usd_per_hour"] == 0.18
+        assert result.gpu["name"] == "a10" and m["cost/usd_per_hour"] == 0.18
     if "gpu=h100" in overrides:  # another GPU than this CPU: its price is not used, no budget on a CPU
-        assert result["gpu"]["name"] == "cpu" and result["gpu"]["emulated"] is None and "mem/budget_gib" not in m
+        assert result.gpu["name"] == "cpu" and result.gpu["emulated"] is None and "mem/budget_gib" not in m
     if "data.padding=max_length" in overrides:
         assert m["count/tokens_total"] == 48 * m["count/samples"]
 
@@ -162,7 +163,7 @@ def test_a_cell_leaves_nothing_registered_for_the_next(tmp_path):
 
     manager = bnb.optim.GlobalOptimManager.get_instance()
     manager.register_module_override(torch.nn.Embedding(4, 4), "weight", {"optim_bits": 32})
-    assert run_in_process(FAST, tmp_path)["status"] == "ok"
+    assert run_in_process(FAST, tmp_path).ok
     assert manager.module_weight_config_triple == [] and manager.pid2config == {}
 
 
@@ -170,10 +171,10 @@ def test_packed_sharegpt_cell_counts_samples_not_rows(tmp_path):
     common = [*FAST, "data=sharegpt", "seq_len=256", "data.max_samples=200"]
     plain = run_in_process([*common, "data.packing=false"], tmp_path / "plain")
     packed = run_in_process([*common, "data.packing=true"], tmp_path / "packed")
-    assert plain["status"] == packed["status"] == "ok", (plain.get("error"), packed.get("error"))
-    p, q = plain["metrics"], packed["metrics"]
+    assert plain.status.value == packed.status.value == "ok", (plain.error, packed.error)
+    p, q = plain.metrics, packed.metrics
     assert q["data/packed_rows"] < q["data/samples"] == p["data/samples"] == 200
-    rows_seen = packed["config"]["batch"] * q["count/timed_steps"]
+    rows_seen = packed.config["batch"] * q["count/timed_steps"]
     assert q["count/samples"] >= rows_seen  # a packed row holds one or more samples
     assert 0.5 < q["data/nonpad_fraction"] <= 1 and 0.5 < q["data/rows_nonpad_fraction"] <= 1
     assert p["data/truncated"] == q["data/truncated"] > 0  # ShareGPT conversations run long
@@ -184,8 +185,8 @@ def test_bad_data_fails_the_cell_before_the_model_is_built(tmp_path):
     bad = tmp_path / "train.jsonl"
     bad.write_text('{"text": "fine"}\n{"messages": [{"role": "user", "content": "no answer"}]}\n')
     result = run_in_process(["data=jsonl", f"data.path={bad}", *FAST], tmp_path / "run")
-    assert result["status"] == "failed" and "model" not in result
-    assert f"{bad}:2: conversation has no assistant turn" in result["error"]
+    assert result.status.value == "failed" and result.model is None
+    assert f"{bad}:2: conversation has no assistant turn" in result.error
 
 
 def test_training_from_a_local_checkpoint(tmp_path):
@@ -200,8 +201,8 @@ def test_training_from_a_local_checkpoint(tmp_path):
     AutoModelForCausalLM.from_config(mistral_config(OmegaConf.to_object(compose_cfg()).model)).save_pretrained(
         tmp_path / "ckpt", safe_serialization=True)
     result = run_in_process([*FAST, f"model.path={tmp_path / 'ckpt'}"], tmp_path / "run")
-    assert result["status"] == "ok", result.get("error")
-    assert result["model"]["weights"] == str(tmp_path / "ckpt") and result["metrics"]["perf/tokens_per_s"] > 0
+    assert result.status.value == "ok", result.error
+    assert result.model["weights"] == str(tmp_path / "ckpt") and result.metrics["perf/tokens_per_s"] > 0
 
 
 def test_diagnostic_experiment_runs_its_six_cells(tmp_path):
@@ -214,7 +215,7 @@ def test_diagnostic_experiment_runs_its_six_cells(tmp_path):
     assert [r["config"]["seq_len"] for r in results] == [1024, 1024, 1024, 512, 512, 1024]
     assert [r["config"]["lora"]["r"] for r in results] == [16, 16, 8, 16, 16, 16]
     md = (tmp_path / "results.md").read_text()  # one sentence per knob, a group's keys taken together
-    assert "lora alpha=16,r=8 -> alpha=32,r=16: non-pad tokens/s" in md and "batch 4 -> 8" in md
+    assert "lora r16 -> r8: non-pad tokens/s" in md and "batch 4 -> 8" in md  # the group by its option
     # The opt-in bottleneck breakdown of every cell: its table row and a bar in the plot.
     assert "Where the step time goes" in md
     assert all(r["metrics"]["prof/steps"] == 1 for r in results)
@@ -226,38 +227,28 @@ def test_sizing_skips_cells_larger_than_one_that_ran_out_of_memory(tmp_path):
     """In a multirun, a cell whose seq_len and batch are both no smaller than those of an OOM cell
     with the same configuration is skipped without a model load; others run. (A CPU cannot run out
     of device memory: cell 0's OOM result is planted; the GPU test makes a real one.)"""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-    from omegaconf import open_dict
-
     from conftest import compose_cfg
+    from lorabench.results import RunContext, Status, write_result
     from lorabench.train import run_cell
 
     def cell(num, seq_len, batch, extra=()):
         cfg = compose_cfg(["+experiment=gpu_sizing", "model=tiny", "precision=fp32", "optimizer=adamw_torch",
                            "data=synthetic", "data.max_samples=32", "train.gradient_checkpointing=false",
-                           f"seq_len={seq_len}", f"batch={batch}", *extra], return_hydra_config=True)
-        with open_dict(cfg):
-            cfg.hydra.runtime.output_dir = str(tmp_path / str(num))
-            cfg.hydra.job.num = num
-            cfg.hydra.mode = RunMode.MULTIRUN
+                           f"seq_len={seq_len}", f"batch={batch}", *extra])
         (tmp_path / str(num) / ".hydra").mkdir(parents=True)
-        HydraConfig.instance().set_config(cfg)
-        with open_dict(cfg):
-            del cfg["hydra"]
-        return run_cell(cfg)
+        return run_cell(cfg, RunContext(tmp_path / str(num), f"seq_len={seq_len},batch={batch}", num, tmp_path))
 
     planted = cell(0, 64, 2)
-    assert planted["status"] == "ok"
-    planted.update(status="oom", error="CUDA out of memory (planted)")
-    (tmp_path / "0" / "metrics.json").write_text(json.dumps(planted))
+    assert planted.status.value == "ok"
+    planted.status, planted.error = Status.oom, "CUDA out of memory (planted)"
+    write_result(tmp_path / "0" / "metrics.json", planted)
 
     bigger = cell(1, 128, 2)
-    assert bigger["status"] == "skipped" and "cell 0" in bigger["error"] and "model" not in bigger
-    assert cell(2, 64, 4)["status"] == "skipped"
-    assert cell(3, 32, 4)["status"] == "ok"  # shorter: not implied
-    assert cell(4, 128, 4, ["lora=r8"])["status"] == "ok"  # another configuration: not implied
+    assert bigger.status.value == "skipped" and "cell 0" in bigger.error and bigger.model is None
+    assert cell(2, 64, 4).status is Status.skipped
+    assert cell(3, 32, 4).ok  # shorter: not implied
+    assert cell(4, 128, 4, ["lora=r8"]).ok  # another configuration: not implied
     shutil.rmtree(tmp_path / "4")  # the fit table is for sweeps over seq_len and batch alone
-    md = write_report(tmp_path)["markdown"]
+    md = write_report(tmp_path).markdown
     assert "| 64 | none | - | - | 2 |" in md and "| 32 | 4 |" in md
     assert (tmp_path / "plots" / "fit.png").stat().st_size > 0

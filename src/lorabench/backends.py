@@ -25,7 +25,9 @@ from pathlib import Path
 
 import torch
 
-from lorabench.config import Backend, Config, Precision, TrainConfig
+from lorabench import modeling
+from lorabench.config import QUANTISED, Backend, Config, Precision, TrainConfig
+from lorabench.results import CellSkipped
 
 log = logging.getLogger(__name__)
 
@@ -35,20 +37,14 @@ _MISTRAL_MODULE_ATTRS = ("apply_rotary_pos_emb", "MistralRMSNorm", "MistralMLP",
 
 
 def check(c: Config, device: torch.device) -> None:
-    """Refuse a backend that cannot run here, before data or model are built."""
-    from lorabench.cell import CellSkipped
-
+    """Refuse a backend that cannot run here, before data or model are built (its options were
+    checked with the other values: checks.check_values)."""
     if c.backend.name is Backend.unsloth:
         if importlib.util.find_spec("unsloth") is None:
             raise CellSkipped("backend=unsloth: the unsloth package is not installed (pip install unsloth, "
                               "CUDA only); this cell is skipped, the others of the sweep run")
         if device.type != "cuda":
             raise RuntimeError("backend=unsloth needs a CUDA GPU (Unsloth's kernels are Triton); on CPU use backend=hf")
-        b = c.backend
-        if b.liger or b.pack or b.compile or not b.upcast_fp32:
-            raise ValueError("backend=unsloth is Unsloth's recipe as it is: backend.liger=[], backend.pack=false, "
-                             f"backend.compile=false and backend.upcast_fp32=true (got liger={list(b.liger)}, "
-                             f"pack={b.pack}, compile={b.compile}, upcast_fp32={b.upcast_fp32})")
     if c.backend.liger and device.type != "cuda" and not _triton_interpreter():
         raise RuntimeError(f"backend={c.backend.name.value} uses Liger-Kernel's Triton kernels "
                            f"(backend.liger={list(c.backend.liger)}), which need a CUDA GPU; on CPU use "
@@ -60,8 +56,6 @@ def check(c: Config, device: torch.device) -> None:
 
 def _triton_interpreter() -> bool:
     # Triton's interpreter runs kernels on CPU tensors (slowly): the tests use it for the ops it supports.
-    import os
-
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
@@ -138,14 +132,12 @@ def build_unsloth(c: Config, device: torch.device):
     import unsloth  # noqa: F401  (first: it patches transformers, peft and trl as they are imported)
     from unsloth import FastLanguageModel
 
-    from lorabench import modeling
-
     p = c.precision.name
     source = c.model.path or str(saved_random_init(c, device))
     model, _ = FastLanguageModel.from_pretrained(
         model_name=source, max_seq_length=c.seq_len, dtype=modeling.WEIGHT_DTYPE[p],
         load_in_4bit=p is Precision.nf4, load_in_8bit=p is Precision.int8,
-        load_in_16bit=p not in modeling.QUANTISED, full_finetuning=False,
+        load_in_16bit=p not in QUANTISED, full_finetuning=False,
         quantization_config=modeling.quantization_config(p, c.precision.double_quant),
         device_map={"": device}, local_files_only=True, random_state=c.train.seed,
         use_gradient_checkpointing="unsloth" if c.train.gradient_checkpointing else False)
@@ -166,8 +158,6 @@ def build_unsloth(c: Config, device: torch.device):
 def saved_random_init(c: Config, device: torch.device) -> Path:
     """This model's random initialisation (bf16, seeded by train.seed) with the tokenizer, saved in
     the cache once, for loaders that only read a directory."""
-    from lorabench import modeling
-
     spec = json.dumps({**asdict(c.model), "seed": c.train.seed}, sort_keys=True, default=str)
     path = Path(os.path.expanduser(c.data.cache_dir)) / "random_init" / \
         f"{c.model.name}-{hashlib.sha256(spec.encode()).hexdigest()[:12]}"

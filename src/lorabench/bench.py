@@ -28,8 +28,12 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from lorabench import cell, modeling
+from lorabench.checks import check_model_path, check_precision
 from lorabench.config import BenchConfig, Suite
+from lorabench.devices import setup_device, sync
+from lorabench.loggers import MetricLogger
 from lorabench.report import write_report
+from lorabench.results import CellResult, RunContext
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch.float32, "fp32": torch.float32}
 
@@ -66,8 +70,8 @@ def fraction(measured: float, datasheet) -> float | None:
     return measured / datasheet if datasheet else None
 
 
-def hardware(c: BenchConfig, run_dir: Path, result: dict, logger) -> dict:
-    device, gpu = cell.setup_device(c.device, c.gpu, result)
+def hardware(c: BenchConfig, ctx: RunContext, result: CellResult, logger: MetricLogger) -> dict:
+    device, gpu = setup_device(c.device, c.gpu, result)
     h = c.hardware
     timer = Timer(device, h.warmup, h.repeats)
     peaks = {"bf16": gpu.peak_bf16_tflops, "fp16": gpu.peak_bf16_tflops, "tf32": gpu.peak_tf32_tflops,
@@ -113,16 +117,17 @@ def hardware(c: BenchConfig, run_dir: Path, result: dict, logger) -> dict:
     return out
 
 
-def loading(c: BenchConfig, run_dir: Path, result: dict, logger) -> dict:
-    device, gpu = cell.setup_device(c.device, c.gpu, result)
-    modeling.check_precision(c.precision.name, device)
+def loading(c: BenchConfig, ctx: RunContext, result: CellResult, logger: MetricLogger) -> dict:
+    check_model_path(c.model)
+    device, gpu = setup_device(c.device, c.gpu, result)
+    check_precision(c.precision.name, device)
     torch.manual_seed(c.seed)
-    modeling.sync(device)
+    sync(device)
     t0 = time.perf_counter()
     model, weights = modeling.build_model(c, device)
-    modeling.sync(device)
+    sync(device)
     seconds = time.perf_counter() - t0
-    result["model"] = {"name": c.model.name, "weights": weights}
+    result.model = {"name": c.model.name, "weights": weights}
     out = {"load/seconds": seconds, "load/footprint_gib": model.get_memory_footprint() / 2**30}
     if device.type == "cuda":
         out["load/resident_gib"] = torch.cuda.memory_allocated(device) / 2**30  # what stays for training
@@ -130,16 +135,17 @@ def loading(c: BenchConfig, run_dir: Path, result: dict, logger) -> dict:
     return out
 
 
-def inference(c: BenchConfig, run_dir: Path, result: dict, logger) -> dict:
-    device, gpu = cell.setup_device(c.device, c.gpu, result)
-    modeling.check_precision(c.precision.name, device)
+def inference(c: BenchConfig, ctx: RunContext, result: CellResult, logger: MetricLogger) -> dict:
+    check_model_path(c.model)
+    device, gpu = setup_device(c.device, c.gpu, result)
+    check_precision(c.precision.name, device)
     torch.manual_seed(c.seed)
     model, weights = modeling.build_model(c, device)
     model.eval()
     model.config.use_cache = True  # generation reuses past keys and values
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)  # generation's peak, not the load's transient copies
-    result["model"] = {"name": c.model.name, "weights": weights}
+    result.model = {"name": c.model.name, "weights": weights}
     inf = c.inference
     timer = Timer(device, warmup=1, repeats=inf.repeats)
     out = {}
@@ -211,19 +217,18 @@ def print_consistency(rows: list[dict]) -> None:
 MEASURED = {Suite.hardware: hardware, Suite.loading: loading, Suite.inference: inference}
 
 
-def run_suite(cfg: DictConfig) -> int:
+def run_suite(cfg: DictConfig, ctx: RunContext) -> int:
     """Runs the chosen suite; returns the process exit code."""
     c: BenchConfig = OmegaConf.to_object(cfg)
     if c.suite is Suite.report:
         if not c.sweep_dir:
             raise ValueError("suite=report needs sweep_dir=<a sweep dir under outputs/sweeps>")
         out = write_report(c.sweep_dir, c.report)
-        print(out["markdown"])
-        print("\nfiles:\n" + "\n".join(f"  {f}" for f in out["files"]))
+        print(out.markdown)
+        print("\nfiles:\n" + "\n".join(f"  {f}" for f in out.files))
         return 0
     if c.suite is Suite.consistency:
         rows, ok = consistency(c)
         print_consistency(rows)
         return 0 if ok else 1
-    result = cell.run(cfg, MEASURED[c.suite], job_type=f"bench-{c.suite.value}")
-    return 0 if result["status"] == "ok" else 1
+    return cell.run(cfg, ctx, MEASURED[c.suite], job_type=f"bench-{c.suite.value}").exit_code

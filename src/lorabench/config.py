@@ -9,12 +9,15 @@ cell: a bad value then fails that cell (recorded in its metrics.json) before a m
 
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import dataclass, field
 from enum import Enum
+from pathlib import Path
 from typing import Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 
 class Precision(Enum):
@@ -25,6 +28,9 @@ class Precision(Enum):
     fp32 = "fp32"
 
 
+QUANTISED = (Precision.nf4, Precision.int8)  # bitsandbytes weights: CUDA only
+
+
 class OptimizerName(Enum):
     # Names are HF Trainer's `optim` values; the Trainer builds each one.
     paged_adamw_8bit = "paged_adamw_8bit"  # seed default (bitsandbytes, CUDA only)
@@ -32,6 +38,9 @@ class OptimizerName(Enum):
     adamw_torch_fused = "adamw_torch_fused"
     adamw_8bit = "adamw_8bit"  # bitsandbytes, CUDA only
     adafactor = "adafactor"
+
+
+BNB_OPTIMIZERS = (OptimizerName.paged_adamw_8bit, OptimizerName.adamw_8bit)
 
 
 class Schedule(Enum):
@@ -82,8 +91,13 @@ class WandbMode(Enum):
 
 
 def _positive(name: str, value: float) -> None:
-    if value <= 0:
+    if not math.isfinite(value) or value <= 0:  # nan <= 0 is False: a NaN would pass a plain comparison
         raise ValueError(f"{name} must be > 0, got {value!r}")
+
+
+def _non_negative(name: str, value: Optional[float]) -> None:
+    if value is not None and (not math.isfinite(value) or value < 0):
+        raise ValueError(f"{name} must be >= 0, got {value!r}")
 
 
 @dataclass
@@ -117,6 +131,8 @@ class ModelConfig:
     def __post_init__(self) -> None:
         for k in ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
                   "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings"):
+            _positive(f"model.{k}", getattr(self, k))
+        for k in ("rope_theta", "rms_norm_eps", "initializer_range"):
             _positive(f"model.{k}", getattr(self, k))
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(f"model.num_attention_heads ({self.num_attention_heads}) must be a multiple "
@@ -157,8 +173,9 @@ class OptimizerConfig:
 
     def __post_init__(self) -> None:
         _positive("optimizer.lr", self.lr)
-        if self.warmup_steps < 0:
-            raise ValueError(f"optimizer.warmup_steps must be >= 0, got {self.warmup_steps}")
+        _non_negative("optimizer.warmup_steps", self.warmup_steps)
+        _non_negative("optimizer.weight_decay", self.weight_decay)
+        _non_negative("optimizer.max_grad_norm", self.max_grad_norm)  # 0 = no clipping
 
 
 @dataclass
@@ -184,8 +201,7 @@ class DataConfig:
             _positive("data.max_samples", self.max_samples)
         elif self.kind in (DataKind.synthetic, DataKind.tiny_instruct):
             raise ValueError(f"data.max_samples must be set for generated data (data={self.kind.value})")
-        if self.num_workers < 0:
-            raise ValueError(f"data.num_workers must be >= 0, got {self.num_workers}")
+        _non_negative("data.num_workers", self.num_workers)
         if self.kind in (DataKind.jsonl, DataKind.hf) and not self.path:
             raise ValueError(f"data={self.kind.value} needs data.path (a file or directory)")
 
@@ -215,9 +231,7 @@ class GpuConfig:
     def __post_init__(self) -> None:
         for k in ("price_per_hour", "spot_price_per_hour", "memory_gib", "peak_bf16_tflops", "peak_tf32_tflops",
                   "peak_fp32_tflops", "memory_bandwidth_gbs", "host_link_gbs"):
-            v = getattr(self, k)
-            if v is not None and v < 0:
-                raise ValueError(f"gpu.{k} must be >= 0, got {v!r}")
+            _non_negative(f"gpu.{k}", getattr(self, k))
 
 
 @dataclass
@@ -225,7 +239,18 @@ class LoggerConfig:
     kind: LoggerKind = LoggerKind.none
     project: str = "lorabench"
     entity: Optional[str] = None
-    mode: WandbMode = WandbMode.offline
+    # null: the WANDB_MODE environment variable if set (W&B's own), else offline. Set, it wins.
+    mode: Optional[WandbMode] = None
+
+    def resolved_mode(self) -> WandbMode:
+        if self.mode is not None:
+            return WandbMode(self.mode)
+        env = os.environ.get("WANDB_MODE", "offline")
+        try:
+            return WandbMode(env)
+        except ValueError:
+            raise ValueError(f"WANDB_MODE={env!r} is not a W&B mode: use one of "
+                             f"{[m.value for m in WandbMode]}") from None
 
 
 @dataclass
@@ -240,8 +265,7 @@ class ReportConfig:
 
     def __post_init__(self) -> None:
         _positive("report.dataset_samples", self.dataset_samples)
-        if self.reference_usd_per_1m_tokens is not None and self.reference_usd_per_1m_tokens < 0:
-            raise ValueError(f"report.reference_usd_per_1m_tokens must be >= 0, got {self.reference_usd_per_1m_tokens}")
+        _non_negative("report.reference_usd_per_1m_tokens", self.reference_usd_per_1m_tokens)
 
 
 @dataclass
@@ -249,7 +273,9 @@ class TrainConfig:
     max_steps: int = 40  # optimizer steps
     # Steps excluded from every timing, memory and utilisation figure: CUDA context, kernel
     # autotuning, allocator growth and optimizer-state creation all happen in the first steps.
-    timing_warmup_steps: int = 5
+    # null = 5, or fewer for a short run (half of max_steps, rounded down): max_steps=5 times 3 steps.
+    # A number set here must leave at least one step timed.
+    timing_warmup_steps: Optional[int] = None
     # Steps profiled with torch.profiler right after the warmup (0 = off); not timed. The cell's
     # result then holds the share of step time in matmul, dequant, attention, ... (lorabench.profile).
     profile_steps: int = 0
@@ -289,13 +315,31 @@ class TrainConfig:
             raise ValueError(f"train.checkpoint_fraction must be in [0, 1], got {self.checkpoint_fraction!r}")
         if self.save_steps < 0:
             raise ValueError(f"train.save_steps must be >= 0 (0 = no periodic checkpoint), got {self.save_steps}")
-        if not 0 <= self.timing_warmup_steps < self.max_steps:
+        if self.timing_warmup_steps is not None and not 0 <= self.timing_warmup_steps < self.max_steps:
             raise ValueError(f"train.timing_warmup_steps must be in [0, train.max_steps={self.max_steps}), "
-                             f"got {self.timing_warmup_steps}: no step would be timed")
-        if not 0 <= self.profile_steps < self.max_steps - self.timing_warmup_steps:
-            raise ValueError(f"train.profile_steps must be in [0, train.max_steps - train.timing_warmup_steps = "
-                             f"{self.max_steps - self.timing_warmup_steps}), got {self.profile_steps}: "
+                             f"got {self.timing_warmup_steps}: no step would be timed (leave it unset and a "
+                             "short run times all but its first half)")
+        if not 0 <= self.profile_steps < self.max_steps - self.warmup_steps:
+            raise ValueError(f"train.profile_steps must be in [0, train.max_steps - warmup steps = "
+                             f"{self.max_steps} - {self.warmup_steps}), got {self.profile_steps}: "
                              "profiled steps are not timed, so no step would be")
+
+    @property
+    def warmup_steps(self) -> int:
+        """The untimed warmup steps: train.timing_warmup_steps, or when unset 5 (fewer for a short run)."""
+        if self.timing_warmup_steps is not None:
+            return self.timing_warmup_steps
+        return min(5, self.max_steps // 2)
+
+
+@dataclass
+class SweepConfig:
+    """How a multirun treats its cells (lorabench.sweep)."""
+
+    # Before the first model is built every cell is composed and its values checked. false: a sweep
+    # with an invalid cell stops there, naming each one. true: the valid cells run and the invalid
+    # ones are recorded as failed. Failures at run time (OOM, NaN, data) never stop a sweep.
+    keep_going: bool = False
 
 
 @dataclass
@@ -314,6 +358,7 @@ class Config:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
 
     def __post_init__(self) -> None:
         _positive("seq_len", self.seq_len)
@@ -407,6 +452,41 @@ class BenchConfig:
     consistency: ConsistencyConfig = field(default_factory=ConsistencyConfig)
 
 
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+HELP = """lorabench: train LoRA/QLoRA cells and record what each cost (non-pad tokens/s, memory, $$).
+
+Examples:
+  python train.py                                        the demo: tiny Mistral on the CPU
+  python train.py -m seq_len=512,1024 batch=4,8          a 4-cell sweep and its report
+  python train.py train.max_steps=5                      a short run (2 warmup steps, 3 timed)
+  python train.py +experiment=seed_baseline              Mistral-7B nf4 on a GPU (the seed's cell)
+  python train.py +experiment=fast_vs_hf gpu=a10         hf against the fast path in an A10's memory
+  python bench.py sweep_dir=outputs/sweeps/<time>        the report of a sweep, again
+  python train.py --cfg job                              the whole composed config
+
+Options, group=option (a multirun takes several: precision=nf4,bf16):
+{groups}
+  +experiment=  {experiments}
+
+Keys: seq_len, batch, train.max_steps, train.timing_warmup_steps, train.gradient_checkpointing,
+train.checkpoint_fraction, train.nproc, lora.r, optimizer.lr, data.packing, gpu.price_per_hour,
+sweep.keep_going, report.dataset_samples ... (conf/train.yaml; the schemas: src/lorabench/config.py).
+
+Exit codes: 0 ok; 1 bad command line (Hydra); 2 a cell failed (bad value, data, exception) or a
+multirun with a failed cell; 3 out of memory; 4 interrupted; 5 skipped. A multirun exits 0 when every
+cell is ok, oom or skipped.
+"""
+
+
+def help_text() -> str:
+    """`python train.py --help`: examples and the options of every group, read from conf/ (the
+    schemas Hydra lists as base_* are not options)."""
+    groups = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name not in ("hydra", "experiment", "diag"))
+    lines = [f"  {g}=".ljust(14) + ", ".join(sorted(f.stem for f in (CONF_DIR / g).glob("*.yaml"))) for g in groups]
+    experiments = ", ".join(sorted(f.stem for f in (CONF_DIR / "experiment").glob("*.yaml")))
+    return HELP.format(groups="\n".join(lines), experiments=experiments)
+
+
 def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)
@@ -416,6 +496,8 @@ def register_configs() -> None:
                         ("optimizer", OptimizerConfig), ("data", DataConfig), ("gpu", GpuConfig),
                         ("logger", LoggerConfig)]:
         cs.store(group=group, name=f"base_{group}", node=node)
+    if not OmegaConf.has_resolver("lorabench_help"):
+        OmegaConf.register_new_resolver("lorabench_help", help_text)
 
 
 register_configs()

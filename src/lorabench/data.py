@@ -366,9 +366,6 @@ def build_dataset(cfg: Config, tokenizer):
     """(dataset, stats): what the Trainer iterates over, and counts for the cell's result."""
     d = cfg.data
     if d.kind is DataKind.synthetic:
-        if d.packing:
-            raise ValueError("data.packing=true with data=synthetic: synthetic rows are already exactly seq_len "
-                             "tokens, there is nothing to pack")
         return SyntheticTokens(d.max_samples, cfg.seq_len, cfg.model.vocab_size, d.seed), {}
     ds, stats = tokenized_dataset(cfg, tokenizer)
     n_tokens = ds["n_tokens"]

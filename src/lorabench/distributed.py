@@ -2,7 +2,7 @@
 started by torchrun.
 
 The Hydra process composes and resolves the cell's config once and writes it to the run dir; it
-then starts `torchrun --standalone --nproc-per-node N -m lorabench.distributed <run_dir>`. Every
+then starts `torchrun --standalone --nproc-per-node N -m lorabench.worker <run_dir>`. Every
 rank loads that file (Hydra never runs in a rank, so no rank composes anything or makes its own
 run dir), trains the same cell with the HF Trainer's DDP on its own device, one full 4-bit copy of
 the model each, and writes rank<r>.json. The Hydra process adds the ranks up into the cell's one
@@ -20,7 +20,7 @@ the cell's peak is the largest rank's.
 
 from __future__ import annotations
 
-import json
+import contextlib
 import logging
 import os
 import subprocess
@@ -31,23 +31,23 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from lorabench.config import Backend, Config, GpuConfig, Pricing
-from lorabench.results import atomic_write_text
+from lorabench import data, modeling
+from lorabench.config import Config, GpuConfig, Pricing
+from lorabench.devices import node_rank
+from lorabench.metrics import summarize
+from lorabench.results import CellResult, Status, atomic_write_text, read_result
 
 log = logging.getLogger(__name__)
 CONFIG_FILE = "cell_config.yaml"
 
 
-def node_rank() -> int:
-    """This node's index in a multi-node cell (train.nnodes > 1)."""
-    for var in ("LORABENCH_NODE_RANK", "JOB_COMPLETION_INDEX", "SLURM_NODEID"):
-        if os.environ.get(var, "").isdigit():
-            return int(os.environ[var])
-    raise ValueError("train.nnodes > 1 needs this node's index: set LORABENCH_NODE_RANK (a Kubernetes Indexed "
-                     "Job sets JOB_COMPLETION_INDEX, SLURM sets SLURM_NODEID)")
+def remove_empty(ckpt_dir: Path) -> None:
+    """The Trainer's output_dir, when no checkpoint was written into it."""
+    with contextlib.suppress(OSError):
+        ckpt_dir.rmdir()
 
 
-def launch(c: Config, run_dir: Path, result: dict) -> dict:
+def launch(c: Config, run_dir: Path, result: CellResult) -> dict:
     """Runs the cell on c.train.nproc processes (on each of c.train.nnodes nodes) and returns the
     aggregated metrics; on a node other than 0, an empty dict (node 0 adds all ranks up)."""
     n, nodes = c.train.nproc, c.train.nnodes
@@ -67,8 +67,6 @@ def launch(c: Config, run_dir: Path, result: dict) -> dict:
                              f"{available}, or train.device=cpu for CPU processes (gloo)")
     # Data first, in this process: bad input fails before N model loads, and the tokenised cache
     # is written once instead of by N ranks at the same time.
-    from lorabench import data, modeling
-
     data.build_dataset(c, modeling.build_tokenizer(c.model))
     atomic_write_text(run_dir / CONFIG_FILE, OmegaConf.to_yaml(OmegaConf.structured(c)))
     world, mine = n * nodes, range(node * n, (node + 1) * n)  # this node's global ranks
@@ -76,16 +74,16 @@ def launch(c: Config, run_dir: Path, result: dict) -> dict:
         (run_dir / f"rank{r}.json").unlink(missing_ok=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if world == 1:  # one process of its own (backend=unsloth), no process group to set up
-        cmd, env["RANK"] = [sys.executable, "-m", "lorabench.distributed", str(run_dir)], "0"
+        cmd, env["RANK"] = [sys.executable, "-m", "lorabench.worker", str(run_dir)], "0"
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", *rendezvous, f"--nproc-per-node={n}",
-               "-m", "lorabench.distributed", str(run_dir)]
+               "-m", "lorabench.worker", str(run_dir)]
     ranks_log = run_dir / ("ranks.log" if nodes == 1 else f"ranks.node{node}.log")
     log.info("launching %d ranks: %s (their output: %s)", n, " ".join(cmd), ranks_log)
     with open(ranks_log, "w") as out:
         proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     if node > 0:
-        result["dist"] = {"node": node, "nnodes": nodes, "note": "node 0's metrics.json holds every rank"}
+        result.dist = {"node": node, "nnodes": nodes, "note": "node 0's metrics.json holds every rank"}
         if proc.returncode != 0:
             raise RuntimeError(f"node {node}: torchrun exit code {proc.returncode}; end of {ranks_log.name}:\n"
                                + ranks_log.read_text()[-2000:])
@@ -94,38 +92,33 @@ def launch(c: Config, run_dir: Path, result: dict) -> dict:
     deadline = time.time() + (120 if proc.returncode == 0 else 0)
     while time.time() < deadline and not all((run_dir / f"rank{r}.json").exists() for r in range(world)):
         time.sleep(1)
-    from lorabench.train import remove_empty
-
     remove_empty(run_dir / "checkpoints")  # every rank is done with it now
     ranks = []
     for r in range(world):
         path = run_dir / f"rank{r}.json"
-        ranks.append(json.loads(path.read_text()) if path.exists() else {"status": "failed", "error": "no result"})
-    bad = [(r, x) for r, x in enumerate(ranks) if x["status"] != "ok"]
+        ranks.append(read_result(path) if path.exists() else CellResult(Status.failed, f"rank {r}", error="no result"))
+    bad = [(r, x) for r, x in enumerate(ranks) if not x.ok]
     if bad:
         # One rank's own failure explains the cell; the others typically died of the broken group.
-        first = next(((r, x) for r, x in bad if x["status"] == "oom"), None) or next(
-            ((r, x) for r, x in bad if x.get("error") != "no result"), bad[0])
-        msg = f"rank {first[0]} of {world}: {first[1].get('error')}"
-        if first[1]["status"] == "oom":
+        first = next(((r, x) for r, x in bad if x.status is Status.oom), None) or next(
+            ((r, x) for r, x in bad if x.error != "no result"), bad[0])
+        msg = f"rank {first[0]} of {world}: {first[1].error}"
+        if first[1].status is Status.oom:
             raise torch.OutOfMemoryError(msg)
         tail = ranks_log.read_text()[-2000:]
         raise RuntimeError(f"{msg} (torchrun exit code {proc.returncode}); end of {ranks_log.name}:\n{tail}")
-    for key in ("model", "device", "gpu"):
-        result[key] = ranks[0][key]
-    result["dist"] = {"nproc": n, "nnodes": nodes, "devices": [x["device"] for x in ranks]}
-    g = ranks[0]["gpu"]  # the spec rank 0 priced its device with (cell.setup_device)
+    result.model, result.device, result.gpu = ranks[0].model, ranks[0].device, ranks[0].gpu
+    result.dist = {"nproc": n, "nnodes": nodes, "devices": [x.device for x in ranks]}
+    g = ranks[0].gpu  # the spec rank 0 priced its device with (devices.setup_device)
     spec = GpuConfig(name=g["name"], price_per_hour=g["price_per_hour"], spot_price_per_hour=g["spot_price_per_hour"],
                      peak_bf16_tflops=g["peak_bf16_tflops"], pricing=Pricing(g["pricing"]))
     return aggregate(ranks, spec)
 
 
-def aggregate(ranks: list[dict], gpu: GpuConfig) -> dict:
+def aggregate(ranks: list[CellResult], gpu: GpuConfig) -> dict:
     """One cell's metrics from its ranks' records (see the module's docstring)."""
-    from lorabench.metrics import summarize
-
     n = len(ranks)
-    per_rank_steps = [x["rank"]["steps"] for x in ranks]
+    per_rank_steps = [x.rank["steps"] for x in ranks]
     steps = []
     for recs in zip(*per_rank_steps):
         step = dict(recs[0])  # step number, timed flag and rank 0's loss (the Trainer's mean over ranks)
@@ -133,64 +126,22 @@ def aggregate(ranks: list[dict], gpu: GpuConfig) -> dict:
             step[k] = sum(r[k] for r in recs)
         step["time_s"] = max(r["time_s"] for r in recs)
         steps.append(step)
-    first = ranks[0]["rank"]
-    window = max(x["rank"]["window_s"] for x in ranks)
+    first = ranks[0].rank
+    window = max(x.rank["window_s"] for x in ranks)
     out = summarize(steps, window, first["params"], first["arch"], gpu, n_gpus=n)
     out.update(first["data_stats"])
     out["dist/world_size"] = n
     for r, x in enumerate(ranks):
-        m = x["metrics"]
+        m = x.metrics
         for k in ("mem/peak_allocated_gib", "mem/peak_reserved_gib"):
             if k in m:
                 out[k.replace("mem/", f"mem/rank{r}_")] = m[k]
     for k in ("mem/peak_allocated_gib", "mem/peak_reserved_gib", "mem/device_total_gib"):
-        values = [x["metrics"][k] for x in ranks if k in x["metrics"]]
+        values = [x.metrics[k] for x in ranks if k in x.metrics]
         if values:
             out[k] = max(values)
-    for k, v in ranks[0]["metrics"].items():  # rank 0's profile and NVML figures, if any
-        if k.startswith(("prof/", "gpu/")):
+    for k, v in ranks[0].metrics.items():  # rank 0's profile and NVML figures, if any
+        if k.startswith(("prof/", "gpu/", "count/warmup")):
             out[k] = v
     return out
 
-
-def worker(run_dir: Path) -> None:
-    """One rank (under torchrun, or alone for backend=unsloth): the cell from its resolved config;
-    rank<r>.json whatever happens."""
-    rank = int(os.environ["RANK"])
-    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
-                        format=f"[rank {rank}] %(asctime)s %(name)s %(levelname)s %(message)s")
-    c = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(run_dir / CONFIG_FILE)))
-    from lorabench.results import atomic_write_json
-
-    result = {"status": "running"}
-    try:
-        if c.backend.name is Backend.unsloth:
-            # Unsloth writes the code it compiles to ./unsloth_compiled_cache unless told where.
-            os.environ.setdefault("UNSLOTH_COMPILE_LOCATION",
-                                  os.path.join(os.path.expanduser(c.data.cache_dir), "unsloth_compiled_cache"))
-            import unsloth  # noqa: F401  (before transformers, as Unsloth asks: it patches it on import)
-        from lorabench.loggers import NullLogger
-        from lorabench.train import measure
-
-        result["metrics"] = measure(c, run_dir, result, NullLogger(), rank=rank)
-        result["status"] = "ok"
-    except torch.OutOfMemoryError as e:
-        result.update(status="oom", error=str(e).splitlines()[0])
-    except Exception as e:
-        result.update(status="failed", error=f"{type(e).__name__}: {e}")
-        log.exception("rank %d failed", rank)
-    finally:
-        if result["status"] == "running":
-            result.update(status="interrupted", error="interrupted")
-        result.setdefault("metrics", {})
-        if "device" in result and result["device"].startswith("cuda"):
-            from lorabench.metrics import memory_stats
-
-            result["metrics"] = {**memory_stats(torch.device(result["device"])), **result["metrics"]}
-        atomic_write_json(run_dir / f"rank{rank}.json", result)
-    if result["status"] != "ok":
-        sys.exit(1)
-
-
-if __name__ == "__main__":
-    worker(Path(sys.argv[1]))

@@ -10,11 +10,12 @@ shared volume; `python bench.py sweep_dir=/data/outputs/<sweep>` then reports th
 from __future__ import annotations
 
 import hashlib
-import itertools
 import re
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
+
+from lorabench import sweep
 
 NAMESPACE = "lorabench"
 DATA = "/data"  # the PVC: outputs/, cache/ (tokenised data), models/ (local weights)
@@ -22,20 +23,9 @@ DATA = "/data"  # the PVC: outputs/, cache/ (tokenised data), models/ (local wei
 
 def expand(overrides: list[str], compose) -> list[list[str]]:
     """The cells of `python train.py -m <overrides>`: a list of override lists, in Hydra's order."""
-    parser = OverridesParser.create()
-    given = parser.parse_overrides(overrides)
+    given = OverridesParser.create().parse_overrides(overrides)
     fixed = [o.input_line for o in given if not o.is_sweep_override()]
-    in_config = compose(fixed, return_hydra_config=True).hydra.sweeper.params
-    # key -> "key=a,b,c"; a key given on the command line (swept or not) replaces the config's sweep
-    params = {k: f"{k}={v}" for k, v in (OmegaConf.to_container(in_config) if in_config else {}).items()
-              if k not in {o.get_key_element() for o in given}}
-    params |= {o.get_key_element(): o.input_line for o in given if o.is_sweep_override()}
-    axes = []
-    for key, line in params.items():
-        [sweep] = parser.parse_overrides([line])
-        values = list(sweep.sweep_string_iterator()) if sweep.is_sweep_override() else [line.split("=", 1)[1]]
-        axes.append([f"{key}={v}" for v in values])
-    return [fixed + list(cell) for cell in itertools.product(*axes)]
+    return sweep.expand(overrides, compose(fixed, return_hydra_config=True).hydra.sweeper.params)
 
 
 def dns_name(sweep: str, index: int, cell: list[str]) -> str:

@@ -8,16 +8,29 @@ the environment, WANDB_API_KEY / HF_TOKEN), and lorabench never copies the envir
 
 from __future__ import annotations
 
-from lorabench.config import LoggerKind, WandbMode
+from typing import Protocol
+
+from lorabench.config import LoggerConfig, LoggerKind, WandbMode
+from lorabench.results import CellResult, Status, flatten
 
 JOB_TYPE = "train-cell"
 
 
+class MetricLogger(Protocol):
+    """What a cell tells a logger: each optimizer step's record (steps.jsonl's line), then its result."""
+
+    def log_step(self, record: dict) -> None: ...
+
+    def finish(self, result: CellResult) -> None: ...
+
+
 class NullLogger:
+    """The default: the run dir's own files are the record; nothing else is told."""
+
     def log_step(self, record: dict) -> None:
         pass
 
-    def finish(self, result: dict) -> None:
+    def finish(self, result: CellResult) -> None:
         pass
 
 
@@ -25,7 +38,7 @@ class WandbLogger:
     """One W&B run per cell, grouped by sweep, always finished (also when the cell fails), so that
     cells of a multirun never merge into one run and a multirun never hangs."""
 
-    def __init__(self, cfg, name: str, group: str, config: dict, run_dir: str, job_type: str):
+    def __init__(self, cfg: LoggerConfig, name: str, group: str, config: dict, run_dir: str, job_type: str):
         import wandb
 
         picks = {"suite": config.get("suite"), "model": config.get("model", {}).get("name"),
@@ -34,7 +47,7 @@ class WandbLogger:
         tags = [f"{k}={v}" for k, v in picks.items() if v is not None]
         # reinit="create_new": each cell is its own run even though a multirun keeps one process.
         self.run = wandb.init(project=cfg.project, entity=cfg.entity, group=group, name=name, job_type=job_type,
-                              tags=tags, config=config, dir=run_dir, mode=WandbMode(cfg.mode).value,
+                              tags=tags, config=config, dir=run_dir, mode=cfg.resolved_mode().value,
                               reinit="create_new")
         self.run.define_metric("step")
         self.run.define_metric("train/*", step_metric="step")
@@ -43,33 +56,30 @@ class WandbLogger:
         self.run.log({"step": record["step"], "train/loss": record.get("loss"), "train/lr": record.get("lr"),
                       "train/step_time_s": record["time_s"], "train/tokens_nonpad": record["tokens_nonpad"]})
 
-    def finish(self, result: dict) -> None:
-        self.run.summary.update({"status": result["status"], "error": result.get("error"), **result["metrics"]})
-        self.run.finish(exit_code=0 if result["status"] in ("ok", "skipped") else 1)
+    def finish(self, result: CellResult) -> None:
+        self.run.summary.update({"status": result.status.value, "error": result.error, **result.metrics})
+        self.run.finish(exit_code=0 if result.status in (Status.ok, Status.skipped) else 1)
 
 
-def build_logger(cfg, name: str, group: str, config: dict, run_dir: str, job_type: str = JOB_TYPE):
-    """cfg is the `logger` node (typed or not: this runs before the config is validated, so that a cell
-    that fails validation still gets its W&B run with the reason)."""
-    if LoggerKind(cfg.kind) is LoggerKind.wandb:
+def build_logger(cfg: LoggerConfig, name: str, group: str, config: dict, run_dir: str,
+                 job_type: str = JOB_TYPE) -> MetricLogger:
+    if cfg.kind is LoggerKind.wandb:
         return WandbLogger(cfg, name, group, config, run_dir, job_type)
     return NullLogger()
 
 
 # ---------------------------------------------------------------------------- the sweep's aggregate
 
-def aggregate_rows(results: list[dict], keys: list[str]) -> tuple[list[str], list[list]]:
+def aggregate_rows(results: list[CellResult], keys: list[str]) -> tuple[list[str], list[list]]:
     """The sweep's table for W&B: one row per cell, swept keys then status and headline metrics."""
-    from lorabench.results import flatten
-
     metrics = ["perf/tokens_per_s", "perf/samples_per_s", "perf/mfu_pct", "mem/peak_reserved_gib",
                "cost/usd_per_1k_samples", "cost/usd_per_1m_tokens"]
     columns = ["cell", *keys, "status", "error", *metrics]
     rows = []
     for r in results:
-        flat, m = flatten(r.get("config", {})), r.get("metrics", {})
-        rows.append([r.get("cell"), *[str(flat.get(k)) for k in keys], r.get("status"), r.get("error"),
-                     *[m.get(k) for k in metrics]])
+        flat = flatten(r.config)
+        rows.append([r.cell, *[str(flat.get(k)) for k in keys], r.status.value, r.error,
+                     *[r.metrics.get(k) for k in metrics]])
     return columns, rows
 
 
@@ -99,14 +109,15 @@ def build_workspace(entity: str, project: str, group: str, keys: list[str]):
     )
 
 
-def publish_aggregate(cfg, group: str, results: list[dict], keys: list[str], sweep_dir: str) -> None:
+def publish_aggregate(cfg: LoggerConfig, group: str, results: list[CellResult], keys: list[str],
+                      sweep_dir: str) -> None:
     """An aggregate run in the sweep's group holding the results table; online, also the workspace."""
     import wandb
 
     columns, rows = aggregate_rows(results, keys)
     with wandb.init(project=cfg.project, entity=cfg.entity, group=group, name=f"{group} aggregate",
-                    job_type="aggregate", dir=sweep_dir, mode=WandbMode(cfg.mode).value, reinit="create_new") as run:
+                    job_type="aggregate", dir=sweep_dir, mode=cfg.resolved_mode().value, reinit="create_new") as run:
         run.log({"sweep/results": wandb.Table(columns=columns, data=rows)})
         entity = run.entity
-    if WandbMode(cfg.mode) is WandbMode.online:
+    if cfg.resolved_mode() is WandbMode.online:
         build_workspace(entity, cfg.project, group, keys).save()

@@ -9,17 +9,11 @@ quantised by the same code.
 
 from __future__ import annotations
 
-import logging
-import os
 from pathlib import Path
 
 import torch
 
-from lorabench.config import Config, Device, LoraConfig, ModelConfig, OptimizerName, Precision
-
-# bitsandbytes warns at import that its optional CPU kernels are missing; lorabench never runs
-# bitsandbytes on a CPU (check_precision refuses it), so the warning is noise.
-logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+from lorabench.config import QUANTISED, Config, LoraConfig, ModelConfig, Precision
 
 # Precision -> dtype of the weights that stay unquantised (and of the 4/8-bit compute).
 WEIGHT_DTYPE = {
@@ -29,92 +23,6 @@ WEIGHT_DTYPE = {
     Precision.fp16: torch.float16,
     Precision.fp32: torch.float32,
 }
-QUANTISED = (Precision.nf4, Precision.int8)
-BNB_OPTIMIZERS = (OptimizerName.paged_adamw_8bit, OptimizerName.adamw_8bit)
-
-
-def resolve_device(device: Device) -> torch.device:
-    want = device.value
-    if want == "auto":
-        want = "cuda" if torch.cuda.is_available() else "cpu"
-    if want == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device=cuda but torch sees no CUDA device "
-                           f"(torch {torch.__version__}); use device=cpu or auto")
-    if want == "cuda":
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-    return torch.device("cpu")
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def check_precision(precision: Precision, device: torch.device) -> None:
-    if device.type == "cuda":
-        return
-    if precision in QUANTISED:
-        raise RuntimeError(f"precision={precision.value} needs a CUDA GPU: bitsandbytes' CPU path is a slow "
-                           "fallback whose numbers mean nothing for sizing a GPU. On CPU use "
-                           "precision=fp32 or precision=bf16.")
-    if precision is Precision.fp16:
-        raise RuntimeError("precision=fp16 needs a CUDA GPU (fp16 loss scaling is not supported on "
-                           "CPU); on CPU use precision=fp32 or precision=bf16.")
-
-
-def check_compatible(cfg: Config, device: torch.device) -> None:
-    """Reject combinations that cannot run here, before any model is built."""
-    check_precision(cfg.precision.name, device)
-    if device.type != "cuda" and cfg.optimizer.name in BNB_OPTIMIZERS:
-        raise RuntimeError(f"optimizer={cfg.optimizer.name.value} is a bitsandbytes CUDA optimizer; "
-                           "on CPU use optimizer=adamw_torch, adamw_torch_fused or adafactor.")
-    if cfg.lora.r > cfg.model.hidden_size:
-        raise ValueError(f"lora.r={cfg.lora.r} is larger than the model's hidden size "
-                         f"({cfg.model.hidden_size}); a rank above it adds parameters and no capacity")
-    if cfg.seq_len > cfg.model.max_position_embeddings:
-        raise ValueError(f"seq_len={cfg.seq_len} exceeds model.max_position_embeddings="
-                         f"{cfg.model.max_position_embeddings} of model={cfg.model.name}")
-    unknown = sorted(set(cfg.lora.target_modules) - set(MISTRAL_LINEAR) - {"all-linear"})
-    if unknown:
-        raise ValueError(f"lora.target_modules={cfg.lora.target_modules}: {unknown} is not a linear layer of a "
-                         f"Mistral model; use any of {list(MISTRAL_LINEAR)} or [all-linear]")
-    if cfg.model.path:
-        check_checkpoint(cfg.model)
-
-
-# The linear layers of a Mistral decoder layer, the names LoRA can target.
-MISTRAL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-def check_checkpoint(model_cfg: ModelConfig) -> None:
-    """A local checkpoint's weights: safetensors (unless asked otherwise) with readable headers,
-    so a truncated or corrupt download fails here, naming the file, not deep inside the loader."""
-    local = Path(model_cfg.path).expanduser()
-    if not local.is_dir():
-        return  # a hub id (online only) or a missing dir: build_model says which
-    tensors = sorted(local.glob("*.safetensors"))
-    if not tensors:
-        others = sorted(p.name for p in local.iterdir() if p.suffix in (".bin", ".pt", ".pth"))
-        if model_cfg.safetensors_only or not others:
-            raise FileNotFoundError(
-                f"model.path={model_cfg.path!r}: no *.safetensors file"
-                + (f" (found {others}: pickled weights can run code; model.safetensors_only=false "
-                   "loads them anyway)" if others else ""))
-        return
-    from safetensors import safe_open
-
-    for f in tensors:
-        size = f.stat().st_size
-        try:
-            # Opening parses the header and checks that its tensors cover the file exactly:
-            # a truncated or overwritten file fails here.
-            with safe_open(str(f), framework="pt"):
-                pass
-        except Exception as e:
-            raise ValueError(f"model.path={model_cfg.path!r}: {f.name} is not a readable safetensors file "
-                             f"({size:,} bytes): {e}") from None
-
-
 def build_tokenizer(model_cfg: ModelConfig):
     """The real Mistral v3 tokenizer, from the file shipped inside the mistral-common wheel.
 
@@ -209,12 +117,7 @@ def build_model(cfg: Config, device: torch.device):
     device_map = {"": device}
 
     if cfg.model.path:
-        from huggingface_hub import constants
-
-        local = Path(cfg.model.path).expanduser()
-        if not local.exists() and constants.HF_HUB_OFFLINE:
-            raise FileNotFoundError(f"model.path={cfg.model.path!r}: no such directory, and the hub is "
-                                    "off (HF_HUB_OFFLINE=1; set HF_HUB_OFFLINE=0 to download a hub id)")
+        local = Path(cfg.model.path).expanduser()  # (checks.check_values vetted it)
         model = AutoModelForCausalLM.from_pretrained(
             str(local) if local.exists() else cfg.model.path,
             dtype=dtype, quantization_config=quant, device_map=device_map,

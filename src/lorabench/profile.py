@@ -30,9 +30,10 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
+from lorabench.metrics import CATEGORIES
+
 log = logging.getLogger(__name__)
 
-CATEGORIES = ("matmul", "dequant", "attention", "elementwise", "loss", "optimizer", "data", "idle")
 STEP_RANGE = "lorabench/profiled_step"
 DATA_RANGE = "enumerate(DataLoader)"  # torch.utils.data annotates every DataLoader __next__ so
 

@@ -1,41 +1,188 @@
-"""Result files: written atomically, read back into tables.
+"""A cell's result and where it lives: the typed CellResult, its status and exit code, the run
+context the entrypoint hands down, and the result files (written atomically, read back).
 
 A cell's run dir holds .hydra/ (composed config and overrides), train.log, steps.jsonl (one line
-per optimizer step), metrics.json (the result: status, metrics, resolved config, environment) and,
-for a failed cell, error.txt with the traceback.
+per optimizer step), metrics.json (the CellResult: status, metrics, resolved config, environment)
+and, for a failed cell, error.txt with the traceback.
+
+This module is the bottom of lorabench's imports: it imports nothing of lorabench.
 """
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import platform
 import subprocess
 import tempfile
+from dataclasses import asdict, dataclass, field, fields
+from enum import Enum
 from importlib import metadata
 from pathlib import Path
-
-from hydra.experimental.callback import Callback
+from typing import Any, Optional
 
 REPO = Path(__file__).resolve().parents[2]
 LIBS = ("torch", "transformers", "peft", "accelerate", "bitsandbytes", "hydra-core", "omegaconf",
         "mistral-common", "nvidia-ml-py", "wandb", "liger-kernel", "triton", "unsloth", "unsloth_zoo")
+RESULT_FILE = "metrics.json"
+CELLS_FILE = "cells.json"  # in a sweep dir: every cell's overrides, written by the preflight
+
+
+class Status(str, Enum):
+    ok = "ok"
+    oom = "oom"  # out of device (or host) memory: a measurement, not a fault
+    skipped = "skipped"  # not run by design (implied OOM, a backend not installed)
+    failed = "failed"  # bad value, bad data, an exception
+    interrupted = "interrupted"  # SIGTERM or Ctrl-C before the end; the same command resumes
+    running = "running"  # only while the cell runs, or in the file of a cell killed outright
+
+
+# Process exit codes (README, "Exit codes"). Hydra's own composition errors exit 1.
+EXIT_CODES = {Status.ok: 0, Status.failed: 2, Status.oom: 3, Status.interrupted: 4, Status.skipped: 5,
+              Status.running: 2}
+# A multirun is a measurement: ok, oom and skipped cells are all answers. A failed, interrupted or
+# unfinished cell is not.
+MEASURED = (Status.ok, Status.oom, Status.skipped)
+
+
+class CellSkipped(Exception):
+    """Raised by a cell that need not run; its result gets status "skipped" and this reason."""
+
+
+class CellInterrupted(Exception):
+    """Raised by a cell stopped on purpose before its end (SIGTERM); status "interrupted"."""
+
+
+@dataclass
+class RunContext:
+    """What the entrypoint (train.py, bench.py) knows from Hydra's runtime and the library needs."""
+
+    run_dir: Path
+    name: str = "defaults"  # the cell's name: the overrides that set it apart (see cell_name)
+    job_num: int = 0
+    sweep_dir: Optional[Path] = None  # set in a multirun
+    overrides: list = field(default_factory=list)
+    choices: dict = field(default_factory=dict)  # the option of each config group: {"backend": "fast"}
+
+    @property
+    def multirun(self) -> bool:
+        return self.sweep_dir is not None
+
+    @property
+    def group(self) -> str:
+        """The W&B group: the sweep's dir name, or the run's."""
+        return (self.sweep_dir or self.run_dir).name
+
+    @classmethod
+    def from_hydra(cls, hc) -> "RunContext":
+        """From Hydra's runtime config (HydraConfig.get(), read by the entrypoint)."""
+        from hydra.types import RunMode
+
+        overrides = list(hc.overrides.task)
+        choices = {k: v for k, v in hc.runtime.choices.items() if not k.startswith("hydra/") and v is not None}
+        if hc.mode != RunMode.MULTIRUN:
+            return cls(Path(hc.runtime.output_dir), hc.job.override_dirname or "defaults", 0, None, overrides, choices)
+        sweep_dir = Path(hc.sweep.dir)
+        return cls(Path(hc.runtime.output_dir), cell_name(overrides, read_cells(sweep_dir), hc.job.override_dirname),
+                   hc.job.num, sweep_dir, overrides, choices)
+
+
+def read_cells(sweep_dir: Path) -> list[list[str]]:
+    try:
+        return json.loads((Path(sweep_dir) / CELLS_FILE).read_text())["cells"]
+    except (OSError, ValueError, KeyError):
+        return []
+
+
+def cell_name(overrides: list[str], cells: list[list[str]], fallback: str = "") -> str:
+    """A cell's short name: its overrides of the keys whose value differs between the sweep's
+    cells, e.g. "backend=fast,batch=16" (a key set alike in every cell says nothing about this one)."""
+    def as_dict(cell):
+        return dict(o.split("=", 1) for o in cell if "=" in o)
+
+    mine, every = as_dict(overrides), [as_dict(c) for c in cells]
+    varying = {k for k in mine if len({c.get(k) for c in every}) > 1}
+    return ",".join(f"{k}={v}" for k, v in sorted(mine.items()) if k in varying) or fallback or "defaults"
+
+
+@dataclass
+class CellResult:
+    """One cell's outcome, from the envelope (cell.run) to metrics.json, the loggers and the report."""
+
+    status: Status
+    cell: str  # the cell's name (RunContext.name)
+    job_num: int = 0
+    run_dir: str = ""  # where it ran
+    config: dict = field(default_factory=dict)  # the resolved config
+    choices: Optional[dict] = None  # the option of each config group (RunContext.choices)
+    metrics: dict = field(default_factory=dict)  # namespaced keys with units: perf/tokens_per_s ...
+    error: Optional[str] = None  # the whole reason, never cut
+    device: Optional[str] = None
+    gpu: Optional[dict] = None  # the spec that prices it: name, prices, peak; emulated budget
+    model: Optional[dict] = None  # where the weights came from, load time, parameter counts
+    dist: Optional[dict] = None  # DDP / multi-node layout
+    resumed_from_step: Optional[int] = None
+    total_s: Optional[float] = None  # wall time of the whole cell: data, model, training
+    env: Optional[dict] = None  # versions, host, GPU, git
+    rank: Optional[dict] = None  # a DDP rank's own records for its launcher (rank<r>.json only)
+    dir: Optional[str] = None  # where its files lie now (set when read back; not written)
+
+    @property
+    def ok(self) -> bool:
+        return self.status is Status.ok
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.status]
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["status"] = self.status.value
+        d["time/total_s"] = d.pop("total_s")
+        for k in ("rank", "dir", "dist", "resumed_from_step", "choices"):
+            if d[k] is None:
+                d.pop(k)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CellResult":
+        known = {f.name for f in fields(cls)}
+        kw: dict[str, Any] = {k: v for k, v in d.items() if k in known}
+        kw["status"] = Status(d.get("status", "running"))
+        kw.setdefault("cell", "?")
+        kw["total_s"] = d.get("time/total_s")
+        return cls(**kw)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write then rename: a reader never sees a half-written file, even if this process dies."""
+    """Write then rename: a reader never sees a half-written file, even if this process dies. The
+    file is readable by the group and others (0644 under the usual umask), like any file written."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes it 0600
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def atomic_write_json(path: Path, obj) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, default=str))
+
+
+def write_result(path: Path, result: CellResult) -> None:
+    atomic_write_json(path, result.to_dict())
+
+
+def read_result(path: Path) -> CellResult:
+    return CellResult.from_dict(json.loads(Path(path).read_text()))
 
 
 def git_sha() -> dict:
@@ -75,68 +222,6 @@ def env_info(device=None) -> dict:
     return info
 
 
-# Columns of the summary table: (header, metrics key or top-level key, format)
-COLUMNS = [
-    ("cell", "cell", "{}"),
-    ("status", "status", "{}"),
-    ("tok/s non-pad", "perf/tokens_per_s", "{:,.0f}"),
-    ("tok/s total", "perf/total_tokens_per_s", "{:,.0f}"),
-    ("samples/s", "perf/samples_per_s", "{:.2f}"),
-    ("step p50 s", "perf/step_time_p50_s", "{:.3f}"),
-    ("MFU %", "perf/mfu_pct", "{:.1f}"),
-    ("peak alloc GiB", "mem/peak_allocated_gib", "{:.2f}"),
-    ("peak resv GiB", "mem/peak_reserved_gib", "{:.2f}"),
-    ("$/1k samples", "cost/usd_per_1k_samples", "{:.4f}"),
-    ("$/1M tok", "cost/usd_per_1m_tokens", "{:.3f}"),
-    ("loss first->last", "loss", "{}"),
-]
-
-
-def row(result: dict, max_error: int | None = 80) -> dict:
-    m = result.get("metrics", {})
-    out = {}
-    for header, key, fmt in COLUMNS:
-        if key == "loss":
-            a, b = m.get("train/loss_first"), m.get("train/loss_final")
-            v = f"{a:.2f}->{b:.2f}" if a is not None and b is not None else None
-        else:
-            v = result.get(key, m.get(key))
-            v = fmt.format(v) if v is not None else None
-        out[header] = v if v is not None else "-"
-    if result.get("status") not in ("ok", None):
-        out["status"] = f"{result['status']}: {str(result.get('error', ''))[:max_error]}"
-    return out
-
-
-def summary_text(result: dict) -> str:
-    """What a finished cell prints: the table row of a training cell, else its metrics one a line."""
-    if "train" in result.get("config", {}) or result.get("status") != "ok":
-        return markdown_table([result])
-    return "\n".join(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}"
-                     for k, v in result["metrics"].items() if v is not None)
-
-
-def markdown_table(results: list[dict]) -> str:
-    """Training cells: the COLUMNS above. Bench cells (no tokens/s): every metric they recorded."""
-    if not any("train" in r.get("config", {}) for r in results):
-        return metrics_table(results)
-    rows = [row(r) for r in results]
-    headers = [h for h, _, _ in COLUMNS]
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join(r[h] for h in headers) + " |" for r in rows]
-    return "\n".join(lines)
-
-
-def metrics_table(results: list[dict]) -> str:
-    keys = [k for k in dict.fromkeys(k for r in results for k in r.get("metrics", {}))
-            if not k.startswith("host/") and any(r.get("metrics", {}).get(k) is not None for r in results)]
-    fmt = lambda v: "-" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))  # noqa: E731
-    lines = ["| metric | " + " | ".join(f"{r.get('cell')} ({r.get('status')})" for r in results) + " |",
-             "|" + "---|" * (len(results) + 1)]
-    lines += ["| " + k + " | " + " | ".join(fmt(r.get("metrics", {}).get(k)) for r in results) + " |" for k in keys]
-    return "\n".join(lines)
-
-
 def flatten(d: dict, prefix: str = "") -> dict:
     """{"a": {"b": 1}} -> {"a.b": 1}; lists become tuples (hashable, comparable)."""
     out = {}
@@ -149,45 +234,22 @@ def flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def load_results(sweep_dir: Path) -> tuple[list[dict], list[Path]]:
-    """Every cell's metrics.json below sweep_dir, and the cell dirs without a readable one (still
+def cell_dirs(sweep_dir: Path) -> list[Path]:
+    """The cell dirs of a sweep (those with Hydra's .hydra folder), numbered ones in job order."""
+    return sorted((p for p in Path(sweep_dir).iterdir() if (p / ".hydra").is_dir()),
+                  key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name))
+
+
+def load_results(sweep_dir: Path) -> tuple[list[CellResult], list[Path]]:
+    """Every cell's result below sweep_dir, and the cell dirs without a readable one (still
     running, killed before the result was written, or a file damaged by hand)."""
     results, incomplete = [], []
-    for cell in sorted((p for p in Path(sweep_dir).iterdir() if (p / ".hydra").is_dir()),
-                       key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name)):
+    for cell in cell_dirs(sweep_dir):
         try:
-            results.append(json.loads((cell / "metrics.json").read_text()))
-            results[-1]["dir"] = str(cell)  # where it lies now (run_dir is where it ran)
-        except (OSError, json.JSONDecodeError):
+            r = read_result(cell / RESULT_FILE)
+        except (OSError, ValueError, TypeError):
             incomplete.append(cell)
+            continue
+        r.dir = str(cell)  # where it lies now (run_dir is where it ran)
+        results.append(r)
     return results, incomplete
-
-
-def write_csv(results: list[dict], path: Path) -> None:
-    """One row per cell: its status and error, then every metric (the union of keys over cells)."""
-    flat = [{"job_num": r.get("job_num"), "cell": r.get("cell"), "status": r.get("status"), "error": r.get("error"),
-             **r.get("metrics", {})} for r in results]
-    keys = list(dict.fromkeys(k for f in flat for k in f))
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        w.writerows(flat)
-
-
-class SweepSummary(Callback):
-    """Hydra callback: after a multirun, the sweep report over every cell (failed ones included),
-    and with logger=wandb an aggregate W&B run (plus, online, a comparison workspace)."""
-
-    def on_multirun_end(self, config, **kwargs) -> None:
-        from omegaconf import OmegaConf
-
-        from lorabench.config import LoggerKind, ReportConfig
-        from lorabench.loggers import publish_aggregate
-        from lorabench.report import write_report
-
-        sweep_dir = Path(config.hydra.sweep.dir)
-        report_cfg = OmegaConf.to_object(config.report) if "report" in config else ReportConfig()
-        out = write_report(sweep_dir, report_cfg)
-        print(f"\nSweep {sweep_dir}:\n{out['markdown']}\n\nReport: {sweep_dir / 'report.html'}")
-        if "logger" in config and LoggerKind(config.logger.kind) is LoggerKind.wandb:
-            publish_aggregate(config.logger, sweep_dir.name, out["results"], out["keys"], str(sweep_dir))

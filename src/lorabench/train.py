@@ -1,17 +1,19 @@
-"""One training cell, top to bottom: data -> model -> LoRA -> timed training -> metrics.
+"""One training cell, top to bottom: checks -> data -> model -> LoRA -> timed training -> metrics.
 
-cell.run wraps it: config checks before, the result file after, whatever happens in between.
+cell.run wraps it: the result file after, whatever happens in between. A cell with train.nproc > 1
+(or backend=unsloth) is launched by lorabench.distributed as processes of lorabench.worker, each
+of which runs `measure` below.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import signal
 import threading
 import time
+from collections import deque
 from pathlib import Path
 
 import torch
@@ -19,47 +21,69 @@ from omegaconf import DictConfig
 from tqdm.auto import tqdm
 from transformers import PrinterCallback, TrainerCallback, TrainingArguments
 
-from lorabench import backends, cell, data, modeling
+from lorabench import backends, cell, checks, data, distributed, modeling
 from lorabench.config import Backend, Config, Precision
-from lorabench.metrics import MeasuredTrainer, NvmlSampler, StepMeter, memory_stats, summarize
+from lorabench.devices import resolve_device, setup_device
+from lorabench.loggers import MetricLogger
+from lorabench.meter import MeasuredTrainer, NvmlSampler, StepMeter
+from lorabench.metrics import memory_stats, summarize
 from lorabench.profile import StepProfiler
-from lorabench.results import atomic_write_text
+from lorabench.results import (CellInterrupted, CellResult, CellSkipped, RunContext, Status, atomic_write_text,
+                               flatten, load_results)
 
 log = logging.getLogger(__name__)
 
 
-def run_cell(cfg: DictConfig) -> dict:
+def run_cell(cfg: DictConfig, ctx: RunContext) -> CellResult:
     """One training cell; its result is written to metrics.json whatever happens (see cell.run)."""
-    return cell.run(cfg, train_and_measure)
+    return cell.run(cfg, ctx, train_and_measure)
 
 
-def train_and_measure(c: Config, run_dir: Path, result: dict, logger) -> dict:
+def train_and_measure(c: Config, ctx: RunContext, result: CellResult, logger: MetricLogger) -> dict:
     """One cell's metrics: measured here, or with train.nproc > 1 by that many DDP processes."""
-    if c.train.skip_if_smaller_oom and (oom := cell.smaller_oom(result["config"], run_dir)):
-        raise cell.CellSkipped(f"does not fit: cell {oom['job_num']} ({oom['cell']}) with no larger seq_len and "
-                               f"batch ran out of memory")
+    checks.check_values(c)  # the multirun's preflight ran these already; a single run's start here
+    if c.train.skip_if_smaller_oom and (oom := smaller_oom(result.config, ctx)):
+        raise CellSkipped(f"does not fit: cell {oom.job_num} ({oom.cell}) with no larger seq_len and batch ran "
+                          "out of memory")
     # Unsloth patches transformers' classes for the whole process: its cell gets a process of its own,
     # so that the next cell of a sweep (backend=hf, say) does not run Unsloth's code.
     if c.backend.name is Backend.unsloth:
-        backends.check(c, modeling.resolve_device(c.train.device))  # skipped here when it is not installed
+        backends.check(c, resolve_device(c.train.device))  # skipped here when it is not installed
     if c.train.nproc > 1 or c.train.nnodes > 1 or c.backend.name is Backend.unsloth:
-        from lorabench import distributed
-
-        return distributed.launch(c, run_dir, result)
-    metrics = measure(c, run_dir, result, logger)
-    result.pop("rank")  # for a rank's launcher only; steps.jsonl has the steps
+        return distributed.launch(c, ctx.run_dir, result)
+    metrics = measure(c, ctx.run_dir, result, logger)
+    result.rank = None  # for a rank's launcher only; steps.jsonl has the steps
     return metrics
 
 
-def measure(c: Config, run_dir: Path, result: dict, logger, rank: int = 0) -> dict:
+SHAPE_KEYS = ("seq_len", "batch")
+
+
+def smaller_oom(config: dict, ctx: RunContext) -> CellResult | None:
+    """In a multirun, a finished sibling cell that ran out of memory with the same configuration
+    except a seq_len and batch each no larger than this cell's: then this one cannot fit either
+    (activation memory grows with both), and a sizing sweep need not spend a model load on it."""
+    if not ctx.multirun:
+        return None
+    mine = flatten(config)
+    rest = {k: v for k, v in mine.items() if k not in SHAPE_KEYS}
+    for r in load_results(ctx.sweep_dir)[0]:
+        other = flatten(r.config)
+        if (r.status is Status.oom and {k: v for k, v in other.items() if k not in SHAPE_KEYS} == rest
+                and all(other.get(k, 0) <= mine[k] for k in SHAPE_KEYS)):
+            return r
+    return None
+
+
+def measure(c: Config, run_dir: Path, result: CellResult, logger: MetricLogger, rank: int = 0) -> dict:
     """Data, model and timed training in this process (one DDP rank when launched by torchrun)."""
     with backends.module_patches(c):  # what a backend patches in transformers is undone after the cell
         return _measure(c, run_dir, result, logger, rank)
 
 
-def _measure(c: Config, run_dir: Path, result: dict, logger, rank: int) -> dict:
-    device, gpu = cell.setup_device(c.train.device, c.gpu, result)
-    modeling.check_compatible(c, device)
+def _measure(c: Config, run_dir: Path, result: CellResult, logger: MetricLogger, rank: int) -> dict:
+    device, gpu = setup_device(c.train.device, c.gpu, result)
+    checks.check_device(c, device)
     backends.check(c, device)
     torch.manual_seed(c.train.seed)
 
@@ -74,8 +98,8 @@ def _measure(c: Config, run_dir: Path, result: dict, logger, rank: int) -> dict:
     model, weights, checkpointed = build_trainable_model(c, device)
     load_s = time.perf_counter() - t0
     params = modeling.count_params(model)
-    result["model"] = {"name": c.model.name, "weights": weights, "load_s": load_s, **params,
-                       "checkpointed_layers": checkpointed}
+    result.model = {"name": c.model.name, "weights": weights, "load_s": load_s, **params,
+                    "checkpointed_layers": checkpointed}
     log.info("model %s (%s) at %s on %s in %.1f s: %.1fM matmul params, %.2fM trainable; backend %s, "
              "%d layers checkpointed", c.model.name, weights, c.precision.name.value, device, load_s,
              params["base_matmul"] / 1e6, params["trainable"] / 1e6, c.backend.name.value, checkpointed)
@@ -83,26 +107,29 @@ def _measure(c: Config, run_dir: Path, result: dict, logger, rank: int) -> dict:
     # ---- training: HF Trainer runs the seed's recipe; the meter times it
     sampler = NvmlSampler(device) if device.type == "cuda" else None
     # Untimed: the warmup steps, then the profiled ones (profiling slows a step down).
-    untimed = c.train.timing_warmup_steps + c.train.profile_steps
+    untimed = c.train.warmup_steps + c.train.profile_steps
+    log.info("timing: %d warmup steps%s, then %d timed", c.train.warmup_steps,
+             f" and {c.train.profile_steps} profiled" if c.train.profile_steps else "",
+             c.train.max_steps - untimed)
     steps_file = run_dir / ("steps.jsonl" if rank == 0 else f"steps.rank{rank}.jsonl")
     # A re-run of a killed cell resumes from its newest complete checkpoint; the step records after
     # that checkpoint are dropped, those steps are trained again.
     ckpt_dir = run_dir / "checkpoints"
-    last = cell.last_checkpoint(ckpt_dir) if c.train.resume else None
+    last = last_checkpoint(ckpt_dir) if c.train.resume else None
     earlier = []
     if last is not None:
         done = int(last.name.split("-")[-1])
         earlier = [s for s in map(json.loads, steps_file.read_text().splitlines()) if s["step"] <= done] \
             if steps_file.exists() else []
         atomic_write_text(steps_file, "".join(json.dumps(s) + "\n" for s in earlier))
-        result["resumed_from_step"] = done
+        result.resumed_from_step = done
         log.info("resuming from %s (%d step records kept)", last, len(earlier))
     meter = StepMeter(device, untimed, steps_file, sampler, logger.log_step, earlier_steps=earlier)
     preemption = Preemption()
     callbacks = [meter, preemption] + ([ProgressBar(c.train.max_steps, meter)] if rank == 0 else [])
     profile = c.train.profile_steps and rank == 0  # one rank's profile: the others wait on it at the all-reduce
     if profile:  # after the meter, whose step-end synchronisation it relies on
-        profiler = StepProfiler(device, c.train.timing_warmup_steps, c.train.profile_steps, run_dir, meter)
+        profiler = StepProfiler(device, c.train.warmup_steps, c.train.profile_steps, run_dir, meter)
         callbacks.insert(1, profiler)
     p = c.precision.name
     args = TrainingArguments(
@@ -154,15 +181,16 @@ def _measure(c: Config, run_dir: Path, result: dict, logger, rank: int) -> dict:
             profiler.close()
         # Under DDP another rank may still look into it: node 0's launcher removes it after all ranks.
         if int(os.environ.get("WORLD_SIZE", 1)) == 1:
-            remove_empty(ckpt_dir)
+            distributed.remove_empty(ckpt_dir)
     if preemption.signalled:
         step = meter.steps[-1]["step"] if meter.steps else 0
-        raise cell.CellInterrupted(f"SIGTERM: stopped after step {step} with a checkpoint in {ckpt_dir}; "
+        raise CellInterrupted(f"SIGTERM: stopped after step {step} with a checkpoint in {ckpt_dir}; "
                                    "run the same command again to resume")
 
     arch = {"layers": model.config.num_hidden_layers, "heads": model.config.num_attention_heads,
             "head_dim": model.config.head_dim}
     metrics = summarize(meter.steps, meter.window_s, params, arch, gpu)
+    metrics["count/warmup_steps"] = c.train.warmup_steps
     metrics.update(data_stats)
     metrics.update(memory_stats(device))
     if sampler:
@@ -170,7 +198,7 @@ def _measure(c: Config, run_dir: Path, result: dict, logger, rank: int) -> dict:
     if profile:
         metrics.update(profiler.result)
     # What the launcher of a DDP cell needs to add ranks up (see lorabench.distributed).
-    result["rank"] = {"steps": meter.steps, "window_s": meter.window_s, "params": params, "arch": arch,
+    result.rank = {"steps": meter.steps, "window_s": meter.window_s, "params": params, "arch": arch,
                       "data_stats": data_stats}
     return metrics
 
@@ -188,10 +216,12 @@ def build_trainable_model(c: Config, device: torch.device):
     return backends.apply_compile(model, c), weights, checkpointed
 
 
-def remove_empty(ckpt_dir: Path) -> None:
-    """The Trainer's output_dir, when no checkpoint was written into it."""
-    with contextlib.suppress(OSError):
-        ckpt_dir.rmdir()
+def last_checkpoint(ckpt_dir: Path) -> Path | None:
+    """The newest complete checkpoint-<step> dir. The HF Trainer writes trainer_state.json after the
+    weights, optimizer and RNG states, so a dir without it is a save cut short: skipped."""
+    done = [p for p in ckpt_dir.glob("checkpoint-*") if (p / "trainer_state.json").exists()] \
+        if ckpt_dir.is_dir() else []
+    return max(done, key=lambda p: int(p.name.split("-")[-1]), default=None)
 
 
 class Preemption(TrainerCallback):
@@ -222,23 +252,25 @@ class Preemption(TrainerCallback):
 
 
 class ProgressBar(TrainerCallback):
-    """A tqdm bar over optimizer steps with the last loss and non-pad tokens/s; replaces the
-    Trainer's printed log dicts."""
+    """A tqdm bar over optimizer steps with the last loss and non-pad tokens/s over the last 10
+    steps (one step's rate jumps with its batch's length); replaces the Trainer's printed log dicts."""
 
-    def __init__(self, total: int, meter: StepMeter):
+    def __init__(self, total: int, meter: StepMeter, window: int = 10):
         self.total, self.meter = total, meter
+        self.recent = deque(maxlen=window)
 
     def on_train_begin(self, args, state, control, **kw):
         self.bar = tqdm(total=self.total, desc="train", unit="step", mininterval=0.5)
 
     def on_log(self, args, state, control, logs=None, **kw):
         if logs and "loss" in logs and self.meter.steps:
-            last = self.meter.steps[-1]
-            self.bar.set_postfix(loss=f"{logs['loss']:.3f}", tok_s=f"{last['tokens_nonpad'] / last['time_s']:,.0f}",
-                                 refresh=False)
+            self.recent.append(self.meter.steps[-1])
+            tokens, seconds = (sum(s[k] for s in self.recent) for k in ("tokens_nonpad", "time_s"))
+            self.bar.set_postfix(loss=f"{logs['loss']:.3f}", tok_s=f"{tokens / seconds:,.0f}", refresh=False)
 
     def on_step_end(self, args, state, control, **kw):
         self.bar.update(1)
 
     def on_train_end(self, args, state, control, **kw):
         self.bar.close()
+

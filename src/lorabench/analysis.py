@@ -1,0 +1,466 @@
+"""What a sweep's results say, as tables: cell names, the results frame (results.csv), knob effects,
+spread over repeats, backends on equal work, fit, scaling, loss agreement, projection, energy.
+
+Numbers come from the cells' own result files; nothing here measures. plots.py draws from the same
+functions and report.py lays them out on the page.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+from statistics import mean, median, stdev
+
+import pandas as pd
+
+from lorabench.config import ReportConfig
+from lorabench.metrics import CATEGORIES
+from lorabench.results import CellResult, Status, flatten
+
+# Config groups: a group whose option differs between cells is one axis, named by the option
+# (backend=fast), not by the keys the option sets. Old results without Hydra's choices fall back to
+# the group's own name key.
+GROUP_NAME_KEY = {"model": "model.name", "precision": "precision.name", "backend": "backend.name",
+                  "optimizer": "optimizer.name", "data": "data.kind", "gpu": "gpu.name", "lora": None}
+IGNORED_KEYS = ("data.cache_dir", "logger.", "model.path", "report.", "sweep.", "train.force", "train.resume")
+# results.csv's config columns: what a user sweeps, under plain names.
+CONFIG_COLUMNS = {"model": "model.name", "precision": "precision.name", "seq_len": "seq_len", "batch": "batch",
+                  "lora_r": "lora.r", "lora_alpha": "lora.alpha", "lora_dropout": "lora.dropout",
+                  "lora_targets": "lora.target_modules", "optimizer": "optimizer.name", "lr": "optimizer.lr",
+                  "backend": "backend.name", "packing": "data.packing", "gradient_checkpointing":
+                  "train.gradient_checkpointing", "checkpoint_fraction": "train.checkpoint_fraction",
+                  "gpu": "gpu.name", "data": "data.kind", "seed": "train.seed", "nproc": "train.nproc"}
+TOK = "perf/tokens_per_s"
+
+
+def ok_cells(results: list[CellResult]) -> list[CellResult]:
+    """The cells that measured throughput: the only ones a ratio or an effect may use."""
+    return [r for r in results if r.ok and TOK in r.metrics]
+
+
+# ---------------------------------------------------------------------------- names
+
+def axes(results: list[CellResult]) -> list[str]:
+    """What tells the cells apart: groups whose option differs (named by the group), then the other
+    config keys whose value differs. Report and sweep options never count."""
+    flats = [flatten(r.config) for r in results]
+    keys = sorted(set().union(*flats)) if flats else []
+    varying = [k for k in keys if len({repr(f.get(k)) for f in flats}) > 1 and not k.startswith(IGNORED_KEYS)]
+    out = []
+    for group in GROUP_NAME_KEY:
+        if len({choice(r, group) for r in results}) > 1:
+            out.append(group)
+            varying = [k for k in varying if not k.startswith(group + ".")]
+    return out + varying
+
+
+def choice(r: CellResult, group: str):
+    """The option of a config group this cell used (backend=fast), or None when unknown."""
+    if r.choices and group in r.choices:
+        return r.choices[group]
+    key = GROUP_NAME_KEY.get(group)
+    return flatten(r.config).get(key) if key else None
+
+
+def value(r: CellResult, axis: str):
+    return choice(r, axis) if axis in GROUP_NAME_KEY else flatten(r.config).get(axis)
+
+
+def short_names(axes_: list[str]) -> dict[str, str]:
+    """Each axis by its last dotted part where that is unambiguous (checkpoint_fraction)."""
+    last = [a.split(".")[-1] for a in axes_]
+    return {a: (s if last.count(s) == 1 else a) for a, s in zip(axes_, last)}
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:g}"
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(map(str, v)) + "]"
+    return str(v)
+
+
+def label(r: CellResult, axes_: list[str]) -> str:
+    """A cell's name in tables and plots: its values of the axes, e.g. "backend=fast,batch=16"."""
+    if not axes_:
+        return r.cell
+    names = short_names(axes_)
+    return ",".join(f"{names[a]}={_fmt(value(r, a))}" for a in axes_)
+
+
+# ---------------------------------------------------------------------------- formats
+
+def money(v) -> str:
+    """USD with three significant digits below $1 (a cell's $0.00042 is not "$0.000")."""
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "-"
+    if v == 0:
+        return "$0"
+    return f"${v:,.0f}" if v >= 100 else f"${v:.2f}" if v >= 1 else f"${v:.3g}"
+
+
+def num(v, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def md_table(headers: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- the results table
+
+def energy(m: dict, cfg: ReportConfig) -> dict:
+    """J per 1K non-pad tokens and kWh for cfg.dataset_samples, from NVML's energy counter over the
+    timed window (gpu/energy_j), which counts the same steps as the token and sample counts."""
+    e, tokens, samples = m.get("gpu/energy_j"), m.get("count/tokens_nonpad"), m.get("count/samples")
+    if not (e and tokens and samples):
+        return {}
+    return {"energy/j_per_1k_tokens": 1e3 * e / tokens, "energy/kwh_for_dataset": e / samples * cfg.dataset_samples / 3.6e6}
+
+
+# (header, metric key, format) of the cells table; status and loss are built apart.
+COLUMNS = [
+    ("tok/s non-pad", TOK, "{:,.0f}"),
+    ("tok/s total", "perf/total_tokens_per_s", "{:,.0f}"),
+    ("samples/s", "perf/samples_per_s", "{:.2f}"),
+    ("step p50 s", "perf/step_time_p50_s", "{:.3f}"),
+    ("MFU %", "perf/mfu_pct", "{:.1f}"),
+    ("peak alloc GiB", "mem/peak_allocated_gib", "{:.2f}"),
+    ("peak resv GiB", "mem/peak_reserved_gib", "{:.2f}"),
+    ("$/1k samples", "cost/usd_per_1k_samples", money),
+    ("$/1M tok", "cost/usd_per_1m_tokens", money),
+    ("J/1K tok", "energy/j_per_1k_tokens", "{:,.0f}"),
+]
+
+
+def cells_table(results: list[CellResult], axes_: list[str] | None = None, cfg: ReportConfig | None = None) -> str:
+    """One row per cell; a cell that did not end ok shows its status and a note number, and the whole
+    reason stands in the numbered notes under the table (never cut)."""
+    cfg, axes_ = cfg or ReportConfig(), axes(results) if axes_ is None else axes_
+    headers = ["cell", "status", *[h for h, _, _ in COLUMNS], "loss first->last"]
+    rows, notes = [], []
+    for r in results:
+        m = {**r.metrics, **energy(r.metrics, cfg)}
+        status = r.status.value
+        if r.error:
+            notes.append(f"[{len(notes) + 1}] {label(r, axes_)}: {r.status.value}: {r.error}")
+            status += f" [{len(notes)}]"
+        cells = [(fmt(m[k]) if callable(fmt) else fmt.format(m[k])) if m.get(k) is not None else "-"
+                 for _, k, fmt in COLUMNS]
+        a, b = m.get("train/loss_first"), m.get("train/loss_final")
+        rows.append([label(r, axes_), status, *cells, f"{a:.2f}->{b:.2f}" if a is not None and b is not None else "-"])
+    return md_table(headers, rows) + ("\n\n" + "\n".join(notes) if notes else "")
+
+
+def summary_text(results: list[CellResult]) -> str:
+    """What a finished cell prints: its table row (the whole error under it); a bench cell, which has
+    no tokens/s, prints its metrics one a line."""
+    if all("train" in r.config for r in results) or not all(r.ok for r in results):
+        return cells_table(results, [])
+    return "\n".join(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}"
+                     for r in results for k, v in r.metrics.items() if v is not None)
+
+
+def metrics_table(results: list[CellResult]) -> str:
+    """Bench cells (no tokens/s): every metric they recorded, a column per cell."""
+    keys = [k for k in dict.fromkeys(k for r in results for k in r.metrics)
+            if not k.startswith("host/") and any(r.metrics.get(k) is not None for r in results)]
+    fmt = lambda v: "-" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))  # noqa: E731
+    return md_table(["metric", *[f"{r.cell} ({r.status.value})" for r in results]],
+                    [[k, *[fmt(r.metrics.get(k)) for r in results]] for k in keys])
+
+
+def frame(results: list[CellResult], cfg: ReportConfig) -> pd.DataFrame:
+    """results.csv: one row per cell: its name, status and whole error, a column per config key a
+    user sweeps, then every metric (energy derived from NVML's counter)."""
+    rows = []
+    for r in results:
+        flat = flatten(r.config)
+        conf = {col: (",".join(v) if isinstance(v := flat.get(key), tuple) else v) for col, key in CONFIG_COLUMNS.items()}
+        rows.append({"job_num": r.job_num, "cell": r.cell, "status": r.status.value, "error": r.error, **conf,
+                     **r.metrics, **energy(r.metrics, cfg)})
+    return pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------------------- effects and spread
+
+def repeats(results: list[CellResult], axes_: list[str]) -> dict[tuple, list[CellResult]]:
+    """Ok cells grouped by every axis but train.seed: the repeats of one configuration."""
+    others = [a for a in axes_ if a != "train.seed"]
+    out = defaultdict(list)
+    for r in ok_cells(results):
+        out[tuple(repr(value(r, a)) for a in others)].append(r)
+    return out
+
+
+def spread(cells: list[CellResult]) -> dict | None:
+    """Mean, sample standard deviation and relative range ((max - min) / mean) of non-pad tokens/s
+    over a configuration's repeats; None for a single cell."""
+    tok = [r.metrics[TOK] for r in cells]
+    if len(tok) < 2:
+        return None
+    m = mean(tok)
+    return {"n": len(tok), "mean": m, "std": stdev(tok), "range": (max(tok) - min(tok)) / m}
+
+
+def spread_table(results: list[CellResult], axes_: list[str]) -> str:
+    if "train.seed" not in axes_:
+        return ""
+    others = [a for a in axes_ if a != "train.seed"]
+    rows = []
+    for cells in repeats(results, axes_).values():
+        if s := spread(cells):
+            rows.append([label(cells[0], others) if others else "all cells", s["n"], f"{s['mean']:,.0f}",
+                         f"{s['std']:,.0f}", f"{100 * s['range']:.1f}%"])
+    return md_table(["configuration", "repeats", "tok/s non-pad mean", "std", "range (max-min)/mean"], rows)
+
+
+def knob_effects(results: list[CellResult], axes_: list[str]) -> list[dict]:
+    """For each axis, the pairs of ok cells that differ in that axis alone (train.seed, when swept,
+    is repetition, not a knob): the median ratio of non-pad tokens/s and change of peak reserved
+    memory (GiB), from the value swept first to the other (the order of the sweep), and whether the
+    change is within the spread of repeated cells."""
+    knobs = [a for a in axes_ if a != "train.seed"]
+    ok = ok_cells(results)
+    order = {a: list(dict.fromkeys(repr(value(r, a)) for r in results)) for a in knobs}
+    noise = {key: s["range"] for key, cells in repeats(results, axes_).items() if (s := spread(cells))}
+    effects = defaultdict(list)
+    for i, x in enumerate(ok):
+        for y in ok[i + 1:]:
+            diff = [a for a in knobs if repr(value(x, a)) != repr(value(y, a))]
+            if len(diff) != 1 or any(repr(value(x, a)) != repr(value(y, a)) for a in axes_ if a == "train.seed"):
+                continue
+            a = diff[0]
+            lo, hi = sorted((x, y), key=lambda r: order[a].index(repr(value(r, a))))
+            ma, mb = lo.metrics, hi.metrics
+            mem = mb.get("mem/peak_reserved_gib", math.nan) - ma.get("mem/peak_reserved_gib", math.nan)
+            effects[(a, _fmt(value(lo, a)), _fmt(value(hi, a)))].append((mb[TOK] / ma[TOK], mem, lo, hi))
+    out = []
+    for (a, va, vb), pairs in effects.items():
+        mems = [p[1] for p in pairs if not math.isnan(p[1])]
+        ranges = [noise.get(tuple(repr(value(r, k)) for k in axes_ if k != "train.seed"))
+                  for p in pairs for r in p[2:]]
+        ranges = [x for x in ranges if x is not None]
+        out.append({"key": short_names(knobs)[a], "from": va, "to": vb, "pairs": len(pairs),
+                    "tokens_ratio": median(p[0] for p in pairs), "mem_delta_gib": median(mems) if mems else None,
+                    "noise": max(ranges) if ranges else None})
+    return sorted(out, key=lambda e: -abs(math.log(e["tokens_ratio"])))
+
+
+def sentence(e: dict) -> str:
+    change = (e["tokens_ratio"] - 1) * 100
+    mem = "" if e["mem_delta_gib"] is None else f", peak reserved memory {e['mem_delta_gib']:+.2f} GiB"
+    within = (f" Within noise: repeated cells spread {100 * e['noise']:.1f}%."
+              if e["noise"] is not None and abs(change) <= 100 * e["noise"] else "")
+    return (f"{e['key']} {e['from']} -> {e['to']}: non-pad tokens/s {change:+.1f}%{mem} "
+            f"(median of {e['pairs']} pair{'s' if e['pairs'] > 1 else ''} of cells differing only in it).{within}")
+
+
+# ---------------------------------------------------------------------------- special tables
+
+def bottleneck_table(results: list[CellResult], axes_: list[str]) -> str:
+    """Where each profiled cell's step time goes (train.profile_steps > 0): % per category. The
+    profiler slows a step down; its step against the timed steps' median says by how much."""
+    rows = [r for r in results if "prof/step_ms" in r.metrics]
+    return md_table(["cell", "profiled step ms", "timed step p50 ms", *[f"{c} %" for c in CATEGORIES], "top"],
+                    [[label(r, axes_), f"{r.metrics['prof/step_ms']:.1f}",
+                      num(r.metrics.get("perf/step_time_p50_s") and 1e3 * r.metrics["perf/step_time_p50_s"], ".1f"),
+                      *[f"{100 * r.metrics[f'prof/{c}_frac']:.1f}" for c in CATEGORIES], r.metrics["prof/top"]]
+                     for r in rows]) if rows else ""
+
+
+def scaling_table(results: list[CellResult], axes_: list[str]) -> str:
+    """Multi-GPU cells against the 1-process cell with the same configuration otherwise: global
+    non-pad tokens/s, per GPU, and the scaling efficiency tok/s(N) / (N x tok/s(1))."""
+    if "train.nproc" not in axes_:
+        return ""
+    ok = ok_cells(results)
+
+    def rest(r):
+        return {k: v for k, v in flatten(r.config).items() if k != "train.nproc"}
+
+    rows = []
+    for r in ok:
+        n = r.config["train"]["nproc"]
+        one = next((o for o in ok if o.config["train"]["nproc"] == 1 and rest(o) == rest(r)), None)
+        tok = r.metrics[TOK]
+        eff = f"{100 * tok / (n * one.metrics[TOK]):.1f}%" if one else "no 1-GPU cell"
+        rows.append([label(r, axes_), n, f"{tok:,.0f}", f"{tok / n:,.0f}", eff,
+                     num(r.metrics.get("mem/peak_reserved_gib"), ".2f")])
+    return md_table(["cell", "GPUs", "tok/s non-pad", "per GPU", "efficiency vs 1", "peak resv GiB (largest rank)"], rows)
+
+
+def rows_kind(r: CellResult) -> str:
+    """What a cell's rows hold: "packed" samples, "fixed-length" synthetic rows, or "padded" samples."""
+    c = r.config
+    if c["data"]["kind"] == "synthetic":
+        return "fixed-length"
+    return "packed" if c["data"].get("packing") or c.get("backend", {}).get("pack") else "padded"
+
+
+def p50_tokens_per_s(m: dict) -> float:
+    """Mean non-pad tokens per step over the median step time: a one-off slow step does not move it."""
+    return m["count/tokens_nonpad"] / m["count/timed_steps"] / m["perf/step_time_p50_s"]
+
+
+# What the backend comparison varies within one group of comparable cells.
+BACKEND_AXES = ("backend.", "batch", "train.checkpoint_fraction", "data.packing")
+
+
+def _group(r: CellResult, axes=BACKEND_AXES) -> tuple:
+    return tuple(sorted((k, str(v)) for k, v in flatten(r.config).items()
+                        if not k.startswith(tuple(axes)) and not k.startswith(IGNORED_KEYS)))
+
+
+def seed_cell(cells: list[CellResult], rows: str | None = None) -> CellResult | None:
+    """hf at its smallest batch with every layer checkpointed (the seed's recipe), on the given rows."""
+    return min((r for r in cells if r.config["backend"]["name"] == "hf" and r.config["train"]["checkpoint_fraction"] == 1
+                and (rows is None or rows_kind(r) == rows)), key=lambda r: r.config["batch"], default=None)
+
+
+def backend_table(results: list[CellResult], axes_: list[str]) -> str:
+    """Per group of otherwise equal cells (e.g. per GPU memory budget): each backend's fastest cell.
+    First ratio: against hf's seed cell on the same rows (both packed, or both fixed-length): equal
+    work, the kernels alone. Second: against hf's seed cell as the seed ran it (padded rows), which
+    mixes the data change (packing) with the kernel change; labelled so."""
+    if "backend" not in axes_:
+        return ""
+    groups = defaultdict(list)
+    for r in ok_cells(results):
+        groups[_group(r)].append(r)
+    rows = []
+    for cells in groups.values():
+        gpu = cells[0].config["gpu"]["name"]
+        for name in dict.fromkeys(r.config["backend"]["name"] for r in cells):
+            best = max((r for r in cells if r.config["backend"]["name"] == name), key=lambda r: r.metrics[TOK])
+            m, kind = best.metrics, rows_kind(best)
+            same, as_is = seed_cell(cells, kind), seed_cell(cells, "padded") or seed_cell(cells)
+            ratio = (f"{m[TOK] / same.metrics[TOK]:.2f} ({p50_tokens_per_s(m) / p50_tokens_per_s(same.metrics):.2f})"
+                     if same else "no hf seed cell on these rows")
+            mixed = (f"{m[TOK] / as_is.metrics[TOK]:.2f} (hf {rows_kind(as_is)})"
+                     if as_is and rows_kind(as_is) != kind else "-")
+            rows.append([f"gpu={gpu}", name, kind, f"{best.config['batch']}, {best.config['train']['checkpoint_fraction']:g}",
+                         f"{m[TOK]:,.0f}", f"{p50_tokens_per_s(m):,.0f}", num(m.get("perf/mfu_pct"), ".1f"),
+                         num(m.get("mem/peak_reserved_gib"), ".2f"), money(m.get("cost/usd_per_1m_tokens")), ratio, mixed])
+    return md_table(["group", "backend", "rows", "best cell: batch, ckpt fraction", "tok/s non-pad", "at p50",
+                     "MFU %", "peak resv GiB", "$/1M tok", "x hf seed cell, same rows (at p50)",
+                     "x hf seed cell as the seed ran it (data change mixed in)"], rows)
+
+
+def read_losses(r: CellResult) -> dict[int, float]:
+    try:
+        lines = (Path(r.dir or r.run_dir) / "steps.jsonl").read_text().splitlines()
+        return {s["step"]: s["loss"] for s in map(json.loads, lines) if "loss" in s}
+    except (OSError, KeyError, json.JSONDecodeError):
+        return {}
+
+
+def loss_curves(results: list[CellResult], axes_: list[str]) -> tuple | None:
+    """When only the backend (and the checkpointed fraction) vary, the cells trained on the same
+    batches: ((reference cell, its curve), [(cell, curve)...]), the reference being the first hf
+    cell (or the first cell); None otherwise."""
+    if "backend" not in axes_ or set(axes_) - {"backend", "train.checkpoint_fraction"}:
+        return None
+    curves = [(r, c) for r in results if r.ok and (c := read_losses(r))]
+    if len(curves) < 2:
+        return None
+    return next(((r, c) for r, c in curves if r.config["backend"]["name"] == "hf"), curves[0]), curves
+
+
+def loss_match_table(axes_: list[str], found: tuple | None) -> str:
+    """Each cell's per-step loss against the reference's at every common step: the largest and the
+    mean absolute difference, and the mean relative one."""
+    if found is None:
+        return ""
+    (ref, ref_c), curves = found
+    rows = []
+    for r, c in curves:
+        if r is ref:
+            continue
+        common = sorted(set(c) & set(ref_c))
+        d = [abs(c[s] - ref_c[s]) for s in common]
+        rel = [abs(c[s] - ref_c[s]) / abs(ref_c[s]) for s in common]
+        rows.append([label(r, axes_), len(common), f"{max(d):.4f}", f"{sum(d) / len(d):.4f}",
+                     f"{100 * sum(rel) / len(rel):.2f}%", f"{c[common[-1]]:.4f} (ref {ref_c[common[-1]]:.4f})"])
+    return f"Against {label(ref, axes_)}:\n\n" + md_table(
+        ["cell", "steps compared", "max abs diff", "mean abs diff", "mean rel diff", "last loss"], rows)
+
+
+def fit_grid(results: list[CellResult], axes_: list[str]) -> dict | None:
+    """When a sweep varies seq_len or batch and nothing else: {(seq_len, batch): result}."""
+    if not axes_ or not set(axes_) <= {"seq_len", "batch"}:
+        return None
+    return {(r.config["seq_len"], r.config["batch"]): r for r in results}
+
+
+def fit_table(grid: dict) -> str:
+    """Largest batch that ran per seq_len, with its peak memory and throughput."""
+    rows = []
+    for seq in sorted({s for s, _ in grid}):
+        row_ = sorted((b, r) for (s, b), r in grid.items() if s == seq)
+        fits = [(b, r) for b, r in row_ if r.ok]
+        over = [b for b, r in row_ if r.status in (Status.oom, Status.skipped)]
+        if fits:
+            b, r = fits[-1]
+            rows.append([seq, b, num(r.metrics.get("mem/peak_reserved_gib"), ".2f"), f"{r.metrics[TOK]:,.0f}",
+                         min(over) if over else "none tried"])
+        else:
+            rows.append([seq, "none", "-", "-", min(over) if over else "-"])
+    return md_table(["seq_len", "largest batch that fits", "peak resv GiB", "tok/s non-pad", "first batch that does not"],
+                    rows)
+
+
+def projection(r: CellResult, cfg: ReportConfig) -> dict | None:
+    """Time, cost and energy to train on cfg.dataset_samples samples at this cell's measured rate."""
+    m = r.metrics
+    if not r.ok or not m.get("perf/samples_per_s"):
+        return None
+    hours = cfg.dataset_samples / m["perf/samples_per_s"] / 3600
+    tokens = cfg.dataset_samples * m["count/tokens_nonpad"] / m["count/samples"]
+    out = {"hours": hours, "tokens": tokens, "usd": hours * m["cost/usd_per_hour"] if "cost/usd_per_hour" in m else None,
+           "kwh": energy(m, cfg).get("energy/kwh_for_dataset")}
+    if cfg.reference_usd_per_1m_tokens is not None:
+        out["reference_usd"] = tokens / 1e6 * cfg.reference_usd_per_1m_tokens
+    return out
+
+
+def projection_table(results: list[CellResult], axes_: list[str], cfg: ReportConfig) -> str:
+    rows = [[label(r, axes_), f"{p['hours']:.2f}", f"{p['tokens'] / 1e6:.2f}", money(p["usd"]),
+             num(p["kwh"], ".2f"), money(p.get("reference_usd"))] for r in results if (p := projection(r, cfg))]
+    return md_table(["cell", "hours", "M non-pad tokens", "GPU cost", "kWh (GPU)", cfg.reference_name], rows) if rows else ""
+
+
+def baseline(results: list[CellResult], cfg: ReportConfig) -> CellResult | None:
+    ok = ok_cells(results)
+    if cfg.baseline is None:
+        return ok[0] if ok else None
+    for r in ok:
+        if str(r.job_num) == str(cfg.baseline) or r.cell == cfg.baseline:
+            return r
+    raise ValueError(f"report.baseline={cfg.baseline!r} names no finished cell; give a job number or one of "
+                     f"{[r.cell for r in ok]}")
+
+
+def constants(results: list[CellResult]) -> str:
+    """What every cell shares, for titles: model, precision, GPU (or emulated budget), data."""
+    if not results:
+        return ""
+    parts = []
+    for group, fmt in (("model", "{}"), ("precision", "{}"), ("gpu", "GPU {}"), ("data", "data {}")):
+        vals = {str(choice(r, group)) for r in results}
+        if len(vals) == 1:
+            parts.append(fmt.format(vals.pop()))
+    devices = {(r.gpu or {}).get("device_name") for r in results} - {None}
+    if len(devices) == 1:
+        parts.append(f"on {devices.pop()}")
+    budgets = {(r.gpu or {}).get("budget_gib") for r in results} - {None}
+    if len(budgets) == 1:
+        parts.append(f"budget {budgets.pop():g} GiB")
+    seqs = {r.config.get("seq_len") for r in results}
+    if len(seqs) == 1:
+        parts.append(f"seq {seqs.pop()}")
+    return ", ".join(parts)

@@ -1,0 +1,128 @@
+"""The checks a cell's values must pass before anything is built.
+
+Ranges of single values live in the schemas' __post_init__ (lorabench.config) and run when the
+config becomes dataclasses. Here: what spans groups or looks at the file system, in two parts.
+`check_values` needs no device, so a multirun's preflight (lorabench.sweep) runs it on every cell
+before the first model is built, and every cell runs it again first thing. `check_device` needs the
+device the cell runs on (the launching host of a SLURM sweep may have no GPU).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from lorabench.config import BNB_OPTIMIZERS, QUANTISED, Backend, Config, DataKind, ModelConfig, Precision
+
+# The linear layers of a Mistral decoder layer, the names LoRA can target.
+MISTRAL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def check_values(c: Config) -> None:
+    """Every check of a cell's values that needs no device; raises ValueError/FileNotFoundError
+    naming the key, the bad value and what is accepted."""
+    if c.lora.r > c.model.hidden_size:
+        raise ValueError(f"lora.r={c.lora.r} is larger than the model's hidden size "
+                         f"({c.model.hidden_size}); a rank above it adds parameters and no capacity")
+    if c.seq_len > c.model.max_position_embeddings:
+        raise ValueError(f"seq_len={c.seq_len} exceeds model.max_position_embeddings="
+                         f"{c.model.max_position_embeddings} of model={c.model.name}")
+    unknown = sorted(set(c.lora.target_modules) - set(MISTRAL_LINEAR) - {"all-linear"})
+    if unknown:
+        raise ValueError(f"lora.target_modules={c.lora.target_modules}: {unknown} is not a linear layer of a "
+                         f"Mistral model; use any of {list(MISTRAL_LINEAR)} or [all-linear]")
+    if c.data.kind is DataKind.synthetic and c.data.packing:
+        raise ValueError("data.packing=true with data=synthetic: synthetic rows are already exactly seq_len "
+                         "tokens, there is nothing to pack")
+    b = c.backend
+    if b.name is Backend.unsloth and (b.liger or b.pack or b.compile or not b.upcast_fp32):
+        raise ValueError("backend=unsloth is Unsloth's recipe as it is: backend.liger=[], backend.pack=false, "
+                         f"backend.compile=false and backend.upcast_fp32=true (got liger={list(b.liger)}, "
+                         f"pack={b.pack}, compile={b.compile}, upcast_fp32={b.upcast_fp32})")
+    check_model_path(c.model)
+    check_data_path(c)
+    from lorabench.modeling import tokenizer_file
+
+    tokenizer_file(c.model)  # names a missing tokenizer file
+
+
+def _offline(var: str) -> bool:
+    return os.environ.get(var, "1") == "1"  # train.py sets the hub variables to 1 unless given
+
+
+def check_model_path(m: ModelConfig) -> None:
+    """model.path: a local directory of safetensors (unless asked otherwise) with readable headers,
+    so a truncated or corrupt download fails here, naming the file, not deep inside the loader; or,
+    online, a hub id."""
+    if not m.path:
+        return
+    local = Path(m.path).expanduser()
+    if local.is_file():
+        raise ValueError(f"model.path={m.path!r} is a file; it must be a model directory (config.json and "
+                         "*.safetensors), e.g. the folder a download made")
+    if not local.exists():
+        if _offline("HF_HUB_OFFLINE"):
+            raise FileNotFoundError(f"model.path={m.path!r}: no such directory, and the hub is off "
+                                    "(HF_HUB_OFFLINE=1; set HF_HUB_OFFLINE=0 to download a hub id)")
+        return  # a hub id, online
+    tensors = sorted(local.glob("*.safetensors"))
+    if not tensors:
+        others = sorted(p.name for p in local.iterdir() if p.suffix in (".bin", ".pt", ".pth"))
+        if m.safetensors_only or not others:
+            raise FileNotFoundError(
+                f"model.path={m.path!r}: no *.safetensors file"
+                + (f" (found {others}: pickled weights can run code; model.safetensors_only=false "
+                   "loads them anyway)" if others else ""))
+        return
+    from safetensors import safe_open
+
+    for f in tensors:
+        try:
+            # Opening parses the header and checks that its tensors cover the file exactly:
+            # a truncated or overwritten file fails here.
+            with safe_open(str(f), framework="pt"):
+                pass
+        except Exception as e:
+            raise ValueError(f"model.path={m.path!r}: {f.name} is not a readable safetensors file "
+                             f"({f.stat().st_size:,} bytes): {e}") from None
+
+
+def check_data_path(c: Config) -> None:
+    """data.path of the kind the data option reads: a file for jsonl, a save_to_disk directory
+    (or, online, a hub id) for hf."""
+    d = c.data
+    if d.kind not in (DataKind.jsonl, DataKind.hf) or not d.path:
+        return
+    p = Path(d.path).expanduser()
+    if d.kind is DataKind.jsonl:
+        if p.is_dir():
+            raise ValueError(f"data.path={d.path!r} is a directory; data=jsonl reads one file of JSON lines "
+                             "(for a datasets save_to_disk directory use data=hf)")
+        if not p.is_file():
+            raise FileNotFoundError(f"data.path={d.path!r}: no such file")
+    elif p.is_file():
+        raise ValueError(f"data.path={d.path!r} is a file; data=hf reads a datasets save_to_disk directory "
+                         "(for a file of JSON lines use data=jsonl)")
+    elif not p.exists() and _offline("HF_DATASETS_OFFLINE"):
+        raise FileNotFoundError(f"data.path={d.path!r}: no such directory, and datasets are offline "
+                                "(HF_DATASETS_OFFLINE=1; set it to 0 to download a hub dataset)")
+
+
+def check_device(c: Config, device) -> None:
+    """What cannot run on this device (a torch.device), before any model is built."""
+    check_precision(c.precision.name, device)
+    if device.type != "cuda" and c.optimizer.name in BNB_OPTIMIZERS:
+        raise RuntimeError(f"optimizer={c.optimizer.name.value} is a bitsandbytes CUDA optimizer; "
+                           "on CPU use optimizer=adamw_torch, adamw_torch_fused or adafactor.")
+
+
+def check_precision(precision: Precision, device) -> None:
+    if device.type == "cuda":
+        return
+    if precision in QUANTISED:
+        raise RuntimeError(f"precision={precision.value} needs a CUDA GPU: bitsandbytes' CPU path is a slow "
+                           "fallback whose numbers mean nothing for sizing a GPU. On CPU use "
+                           "precision=fp32 or precision=bf16.")
+    if precision is Precision.fp16:
+        raise RuntimeError("precision=fp16 needs a CUDA GPU (fp16 loss scaling is not supported on "
+                           "CPU); on CPU use precision=fp32 or precision=bf16.")

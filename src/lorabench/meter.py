@@ -1,0 +1,187 @@
+"""The Trainer's instruments: per-step timing and token counts (StepMeter), the micro-batch hook
+(MeasuredTrainer) and the GPU sampler (NvmlSampler). What their records mean: lorabench.metrics."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from pathlib import Path
+
+import torch
+from transformers import Trainer, TrainerCallback
+
+from lorabench.data import REAL_TOKENS
+from lorabench.devices import sync
+
+class MeasuredTrainer(Trainer):
+    """HF Trainer that hands every micro-batch to the StepMeter before training on it."""
+
+    def __init__(self, *args, meter: "StepMeter", **kwargs):
+        super().__init__(*args, **kwargs)
+        self.meter = meter
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        inputs = dict(inputs)
+        # Packed batches carry their non-pad mask apart (the model must not see an attention_mask
+        # there, or it would not keep attention inside each packed sample).
+        real = inputs.pop(REAL_TOKENS, None)
+        self.meter.count_batch(inputs, inputs["attention_mask"] if real is None else real)
+        return super().training_step(model, inputs, num_items_in_batch)
+
+
+class StepMeter(TrainerCallback):
+    """Per-step wall time, token counts and loss; one line per step in steps.jsonl.
+
+    The first `warmup_steps` steps of this process are not timed, also after a resume (a new
+    process warms up again); `earlier_steps` are the records of the steps before a resume."""
+
+    def __init__(self, device: torch.device, warmup_steps: int, steps_path: Path, sampler=None, on_step=None,
+                 earlier_steps: list[dict] = ()):
+        self.device, self.warmup_steps, self.sampler, self.on_step = device, warmup_steps, sampler, on_step
+        self.steps: list[dict] = list(earlier_steps)
+        self._file = open(steps_path, "a", buffering=1)  # line-buffered: a killed cell keeps its steps
+        self._counts = torch.zeros(4, dtype=torch.int64, device=device)
+        self._positions = 0
+        self._last_end = 0.0
+        self._seen = 0  # steps ended in this process
+
+    @property
+    def window_s(self) -> float:
+        """The timed steps' seconds, back to back: within one process, from the end of the last
+        warmup step to the end of the last step; after a resume, the timed spans of each process."""
+        return sum(s["time_s"] for s in self.steps if s["timed"])
+
+    def count_batch(self, inputs: dict, real: torch.Tensor) -> None:
+        """Count one micro-batch; `real` is 1 on real tokens, 0 on padding.
+
+        Data-dependent counts stay on the device and are read once per step, at the step's
+        synchronisation point: no host round trip per micro-batch. Shapes are known on the host.
+        A sample starts where a real token has position 0 (a packed row holds several), and the
+        sum of l^2 over samples (for attention FLOPs) is the sum over real tokens of 2*pos + 1.
+        """
+        pos = inputs.get("position_ids")
+        if pos is None:
+            pos = real.cumsum(dim=1) - 1
+        self._counts += torch.stack([real.sum(), ((2 * pos + 1) * real).sum(), (inputs["labels"] != -100).sum(),
+                                     ((pos == 0) & (real == 1)).sum()]).to(self._counts.device)
+        self._positions += real.numel()
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        sync(self.device)
+        self._last_end = time.perf_counter()
+        if self.warmup_steps == 0:
+            self._start_window()
+
+    def restart_clock(self) -> None:
+        """Start the current step's clock now: what happened since the last step end (e.g. starting
+        the profiler) is not part of any step."""
+        sync(self.device)
+        self._last_end = time.perf_counter()
+
+    def _start_window(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        if self.sampler:
+            self.sampler.start()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        sync(self.device)
+        now = time.perf_counter()
+        nonpad, sq, labelled, samples = self._counts.tolist()
+        total = self._positions
+        self._counts.zero_()
+        self._positions = 0
+        self._seen += 1
+        self.steps.append({"step": state.global_step, "time_s": now - self._last_end,
+                           "timed": self._seen > self.warmup_steps,
+                           "tokens_nonpad": nonpad, "tokens_total": total, "tokens_label": labelled,
+                           "samples": samples, "sum_len_sq": sq})
+        self._last_end = now
+        if self._seen == self.warmup_steps:
+            self._start_window()
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not logs or "loss" not in logs or not self.steps:
+            return  # the Trainer's end-of-training summary, not a step
+        rec = self.steps[-1]
+        rec.update(loss=logs["loss"], lr=logs.get("learning_rate"), grad_norm=logs.get("grad_norm"))
+        self._file.write(json.dumps(rec) + "\n")
+        if self.on_step:
+            self.on_step(rec)
+        if not math.isfinite(rec["loss"]):
+            raise FloatingPointError(f"loss is {rec['loss']} at step {rec['step']}: stopping this cell "
+                                     "instead of training on garbage")
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.close()
+
+    def close(self) -> None:
+        if self.sampler:
+            self.sampler.stop()
+        self._file.close()
+
+
+class NvmlSampler:
+    """Samples utilisation, power, temperature and clocks of one GPU in a background thread.
+
+    The NVML handle is found by UUID: NVML numbers GPUs physically and ignores
+    CUDA_VISIBLE_DEVICES, so cuda:0 is not always NVML index 0.
+    """
+
+    def __init__(self, device: torch.device, interval_s: float = 0.5):
+        import pynvml  # from nvidia-ml-py
+
+        self.nvml = pynvml
+        pynvml.nvmlInit()
+        uuid = str(torch.cuda.get_device_properties(device).uuid)
+        self.handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+        self.driver = pynvml.nvmlSystemGetDriverVersion()
+        self.interval_s = interval_s
+        self.samples: list[tuple[float, float, float, float]] = []
+        self._stop = threading.Event()
+        self._thread = None
+        self._energy0 = self._energy1 = None
+
+    def _energy_mj(self):
+        try:
+            return self.nvml.nvmlDeviceGetTotalEnergyConsumption(self.handle)
+        except self.nvml.NVMLError:
+            return None
+
+    def _run(self) -> None:
+        n = self.nvml
+        while not self._stop.is_set():
+            try:
+                self.samples.append((
+                    n.nvmlDeviceGetUtilizationRates(self.handle).gpu,
+                    n.nvmlDeviceGetPowerUsage(self.handle) / 1000.0,  # mW -> W
+                    n.nvmlDeviceGetTemperature(self.handle, n.NVML_TEMPERATURE_GPU),
+                    n.nvmlDeviceGetClockInfo(self.handle, n.NVML_CLOCK_SM),
+                ))
+            except n.NVMLError:
+                pass
+            self._stop.wait(self.interval_s)
+
+    def start(self) -> None:
+        self._energy0 = self._energy_mj()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread and not self._stop.is_set():
+            self._stop.set()
+            self._thread.join()
+            self._energy1 = self._energy_mj()
+
+    def summary(self) -> dict:
+        if not self.samples:
+            return {}
+        util, power, temp, sm = zip(*self.samples)
+        out = {"gpu/util_mean_pct": sum(util) / len(util), "gpu/power_mean_w": sum(power) / len(power),
+               "gpu/power_max_w": max(power), "gpu/temp_max_c": max(temp), "gpu/sm_clock_mean_mhz": sum(sm) / len(sm),
+               "gpu/nvml_samples": len(util)}
+        if self._energy0 is not None and self._energy1 is not None:
+            out["gpu/energy_j"] = (self._energy1 - self._energy0) / 1000.0
+        return out

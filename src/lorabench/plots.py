@@ -1,0 +1,300 @@
+"""The sweep report's figures, one function per figure, each from lorabench.analysis's numbers.
+
+Legible from 2 to 60+ cells: cells are horizontal bars named on the y axis (0.3 in a row), values
+to the right of each bar inside the axes, a legend for status colours; a cell that did not end ok
+gets a hatched stub with its status in words; titles name what every cell shares (model,
+precision, GPU or emulated budget, data). Every figure is laid out by matplotlib's constrained
+layout, so no label is clipped.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+
+from lorabench.analysis import (TOK, axes, baseline, constants, energy, knob_effects, label, money,  # noqa: E402
+                                ok_cells, projection, short_names, value)
+from lorabench.config import ReportConfig  # noqa: E402
+from lorabench.metrics import CATEGORIES  # noqa: E402
+from lorabench.results import CellResult, Status  # noqa: E402
+
+STATUS_COLOR = {"ok": "#4c72b0", "oom": "#c44e52", "failed": "#8c8c8c", "skipped": "#e8a0a2",
+                "interrupted": "#dd8452", "running": "#cccccc"}
+CATEGORY_COLOR = {"matmul": "#4c72b0", "dequant": "#dd8452", "attention": "#55a868", "elementwise": "#8172b3",
+                  "loss": "#c44e52", "optimizer": "#937860", "data": "#da8bc3", "idle": "#cccccc"}
+ROW_IN = 0.3  # inches per bar
+
+
+def _figure(rows: int, width: float = 9.0, panels: int = 1):
+    fig, axs = plt.subplots(1, panels, figsize=(width, 1.4 + ROW_IN * max(rows, 2)), layout="constrained",
+                            squeeze=False)
+    return fig, list(axs[0])
+
+
+def _save(fig, out_dir: Path, name: str, title: str, results: list[CellResult]) -> Path:
+    shared = constants(results)
+    fig.suptitle(title + (f"\n{shared}" if shared else ""), fontsize=10)
+    path = out_dir / f"{name}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def hbars(ax, results: list[CellResult], names: list[str], values: list, fmt) -> None:
+    """One bar per cell; a cell without a value (not ok) gets a hatched stub and its status."""
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    hi = max(finite + [0]) or 1.0
+    lo = min(finite + [0])
+    for i, (r, v) in enumerate(zip(results, values)):
+        color = STATUS_COLOR.get(r.status.value, "#8c8c8c")
+        if v is None:
+            ax.barh(i, 0.04 * hi, color="white", edgecolor=color, hatch="///")
+            ax.text(0.05 * hi, i, f" {r.status.value.upper() if r.status is Status.oom else r.status.value}",
+                    va="center", fontsize=7, color=color)
+        else:
+            ax.barh(i, v, color=color)
+            ax.text(max(v, 0), i, " " + fmt(v), va="center", fontsize=7)
+    ax.set_yticks(range(len(names)), names, fontsize=8)
+    ax.set_ylim(len(names) - 0.5, -0.5)
+    ax.set_xlim(lo * 1.3 if lo < 0 else 0, hi * 1.3)  # room for the value labels inside the axes
+
+
+def status_legend(ax, results: list[CellResult]) -> None:
+    seen = list(dict.fromkeys(r.status.value for r in results))
+    ax.legend(handles=[Patch(facecolor=STATUS_COLOR.get(s, "#8c8c8c"), label=s) for s in seen], fontsize=7,
+              loc="lower right", title="status", title_fontsize=7)
+
+
+def throughput(results, axes_, cfg, out_dir) -> Path:
+    names = [label(r, axes_) for r in results]
+    fig, [ax] = _figure(len(results))
+    hbars(ax, results, names, [r.metrics.get(TOK) for r in results], lambda v: f"{v:,.0f}")
+    ax.set_xlabel("non-pad tokens/s (real tokens over the timed steps, warmup excluded)")
+    status_legend(ax, results)
+    return _save(fig, out_dir, "throughput", "Throughput per cell", results)
+
+
+def speedup(results, axes_, cfg, out_dir) -> Path | None:
+    base = baseline(results, cfg)
+    if base is None:
+        return None
+    ref = base.metrics[TOK]
+    fig, [ax] = _figure(len(results))
+    hbars(ax, results, [label(r, axes_) for r in results],
+          [r.metrics[TOK] / ref if TOK in r.metrics and r.ok else None for r in results], lambda v: f"{v:.2f}x")
+    ax.axvline(1.0, color="k", lw=0.8)
+    ax.set_xlabel(f"non-pad tokens/s relative to {label(base, axes_)}")
+    return _save(fig, out_dir, "speedup", "Speedup against the baseline cell", results)
+
+
+def memory(results, axes_, cfg, out_dir) -> Path | None:
+    m = [r.metrics for r in results]
+    if not any("mem/peak_reserved_gib" in x for x in m):
+        return None
+    fig, [ax] = _figure(len(results))
+    hbars(ax, results, [label(r, axes_) for r in results],
+          [x.get("mem/peak_reserved_gib") if r.ok else None for r, x in zip(results, m)], lambda v: f"{v:.1f} GiB")
+    caps = sorted({x.get("mem/budget_gib") or x.get("mem/device_total_gib") for x in m} - {None})
+    for cap in caps:
+        ax.axvline(cap, color="#c44e52", ls="--", lw=1, label=f"capacity {cap:.1f} GiB")
+    ax.set_xlim(0, 1.3 * max([*caps, *[x.get("mem/peak_reserved_gib") or 0 for x in m]]))
+    ax.set_xlabel("peak reserved GiB (PyTorch caching allocator)")
+    ax.legend(fontsize=7, loc="lower right")
+    return _save(fig, out_dir, "memory", "Peak memory against the GPU's capacity", results)
+
+
+def cost(results, axes_, cfg, out_dir) -> Path | None:
+    if not any("cost/usd_per_1m_tokens" in r.metrics for r in results):
+        return None
+    fig, [ax] = _figure(len(results))
+    hbars(ax, results, [label(r, axes_) for r in results],
+          [r.metrics.get("cost/usd_per_1m_tokens") if r.ok else None for r in results], money)
+    ax.set_xlabel("USD per 1M non-pad tokens, at the GPU's hourly price")
+    return _save(fig, out_dir, "cost", "Cost per cell", results)
+
+
+def cost_vs_throughput(results, axes_, cfg, out_dir) -> Path | None:
+    """Each ok cell a point; the Pareto front (no other cell both cheaper per token and faster) drawn."""
+    pts = [(r.metrics[TOK], r.metrics["cost/usd_per_1m_tokens"], r) for r in ok_cells(results)
+           if "cost/usd_per_1m_tokens" in r.metrics]
+    if len(pts) < 2:
+        return None
+    front = sorted((p for p in pts if not any(q[0] >= p[0] and q[1] <= p[1] and q[:2] != p[:2] for q in pts)),
+                   key=lambda p: p[0])
+    fig, [ax] = _figure(12, width=8)
+    ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=18, color="#4c72b0", label="cell")
+    ax.plot([p[0] for p in front], [p[1] for p in front], "-o", color="#c44e52", ms=5, label="Pareto front")
+    for p in front:  # name only the front's cells: 60 names on a scatter overlap
+        ax.annotate(label(p[2], axes_), (p[0], p[1]), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    ax.set_xlabel("non-pad tokens/s")
+    ax.set_ylabel("USD per 1M non-pad tokens")
+    ax.legend(fontsize=7)
+    return _save(fig, out_dir, "cost_vs_throughput", "Cost against throughput", results)
+
+
+def projection_plot(results, axes_, cfg: ReportConfig, out_dir) -> Path | None:
+    proj = [projection(r, cfg) for r in results]
+    if not any(p and p["usd"] is not None for p in proj):
+        return None
+    fig, (a, b) = _figure(len(results), width=12, panels=2)
+    names = [label(r, axes_) for r in results]
+    hbars(a, results, names, [p["hours"] if p else None for p in proj], lambda v: f"{v:.2f} h")
+    a.set_xlabel(f"hours for {cfg.dataset_samples:,} samples")
+    hbars(b, results, names, [p["usd"] if p else None for p in proj], money)
+    b.set_yticks(range(len(names)), [""] * len(names))
+    b.set_xlabel(f"USD for {cfg.dataset_samples:,} samples"
+                 + (f" ({cfg.reference_name}: {money(proj[0]['reference_usd'])} for the same tokens)"
+                    if proj[0] and "reference_usd" in proj[0] else ""))
+    return _save(fig, out_dir, "projection", f"Time and cost projected for {cfg.dataset_samples:,} samples", results)
+
+
+def energy_plot(results, axes_, cfg, out_dir) -> Path | None:
+    vals = [energy(r.metrics, cfg).get("energy/j_per_1k_tokens") if r.ok else None for r in results]
+    if not any(vals):
+        return None
+    fig, [ax] = _figure(len(results))
+    hbars(ax, results, [label(r, axes_) for r in results], vals, lambda v: f"{v:,.0f} J")
+    ax.set_xlabel("GPU energy per 1K non-pad tokens (NVML counter over the timed steps)")
+    return _save(fig, out_dir, "energy", "Energy per token", results)
+
+
+def bottleneck(results, axes_, cfg, out_dir) -> Path | None:
+    prof = [r for r in results if "prof/step_ms" in r.metrics]
+    if not prof:
+        return None
+    fig, [ax] = _figure(len(prof), width=11)
+    left = [0.0] * len(prof)
+    for c in CATEGORIES:
+        share = [100 * r.metrics[f"prof/{c}_frac"] for r in prof]
+        ax.barh(range(len(prof)), share, left=left, color=CATEGORY_COLOR[c], label=c)
+        for i, (v, l0) in enumerate(zip(share, left)):
+            if v >= 6:  # label the slices wide enough to hold one
+                ax.text(l0 + v / 2, i, f"{v:.0f}", ha="center", va="center", fontsize=7)
+        left = [x + y for x, y in zip(left, share)]
+    ax.set_yticks(range(len(prof)), [f"{label(r, axes_)} ({r.metrics['prof/step_ms']:.0f} ms)" for r in prof],
+                  fontsize=8)
+    ax.set_ylim(len(prof) - 0.5, -0.5)
+    ax.set_xlim(0, 100)
+    ax.set_xlabel("% of the profiled step time (torch.profiler; device work, then device idle)")
+    ax.legend(ncol=4, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.25), frameon=False)
+    return _save(fig, out_dir, "bottleneck", "Where the step time goes", results)
+
+
+def heatmaps(results, axes_, cfg, out_dir) -> Path | None:
+    """A 2-D sweep (seq_len x batch, backend x checkpoint fraction ...) as two heatmaps, non-pad
+    tokens/s and peak memory, one row of them per GPU option when the sweep also varies the GPU."""
+    grid_axes = [a for a in axes_ if a != "gpu"]
+    if len(grid_axes) != 2:
+        return None
+    ya, xa = grid_axes
+    facets = list(dict.fromkeys(value(r, "gpu") for r in results)) if "gpu" in axes_ else [None]
+    ys = list(dict.fromkeys(value(r, ya) for r in results))
+    xs = list(dict.fromkeys(value(r, xa) for r in results))
+    names = short_names(axes_)
+    fig, axs = plt.subplots(len(facets), 2, figsize=(4 + 1.6 * len(xs), 1.3 + (0.45 * len(ys) + 0.9) * len(facets)),
+                            layout="constrained", squeeze=False)
+    for row, facet in zip(axs, facets):
+        cells = {(repr(value(r, ya)), repr(value(r, xa))): r for r in results
+                 if facet is None or value(r, "gpu") == facet}
+        for ax, key, fmt, what in ((row[0], TOK, "{:,.0f}", "non-pad tok/s"),
+                                   (row[1], "mem/peak_reserved_gib", "{:.1f}", "peak resv GiB")):
+            data = [[(cells.get((repr(y), repr(x))) or CellResult(Status.running, "")).metrics.get(key)
+                     for x in xs] for y in ys]
+            shown = [[v if v is not None else math.nan for v in line] for line in data]
+            ax.imshow(shown, cmap="viridis" if key == TOK else "magma_r", aspect="auto")
+            for i, y in enumerate(ys):
+                for j, x in enumerate(xs):
+                    r = cells.get((repr(y), repr(x)))
+                    v = data[i][j]
+                    text = fmt.format(v) if v is not None and r is not None and r.ok else (
+                        r.status.value if r is not None else "-")
+                    ax.text(j, i, text, ha="center", va="center", fontsize=7, color="w" if r and r.ok else "k")
+            ax.set_xticks(range(len(xs)), [str(x) for x in xs], fontsize=8)
+            ax.set_yticks(range(len(ys)), [str(y) for y in ys], fontsize=8)
+            ax.set_xlabel(names[xa])
+            ax.set_ylabel(names[ya])
+            ax.set_title(what + (f", gpu={facet}" if facet is not None else ""), fontsize=9)
+    return _save(fig, out_dir, "heatmap", f"{names[ya]} x {names[xa]}", results)
+
+
+def knobs(results, axes_, cfg, out_dir) -> Path | None:
+    effects = knob_effects(results, axes_)
+    if not effects:
+        return None
+    names = [f"{e['key']}: {e['from']} -> {e['to']}" for e in effects]
+    fig, (a, b) = _figure(len(effects), width=12, panels=2)
+    stub = [CellResult(Status.ok, n) for n in names]
+    tok = [(e["tokens_ratio"] - 1) * 100 for e in effects]
+    hbars(a, stub, names, tok, lambda v: f"{v:+.1f}%")
+    for i, e in enumerate(effects):
+        a.patches[i].set_color("#55a868" if tok[i] >= 0 else "#c44e52")
+        if e["noise"] is not None:  # the spread of repeated cells, either side of zero
+            a.fill_betweenx([i - 0.4, i + 0.4], -100 * e["noise"], 100 * e["noise"], color="#999999", alpha=0.3)
+    a.axvline(0, color="k", lw=0.8)
+    a.set_xlabel("change in non-pad tokens/s (grey: spread of repeated cells)")
+    hbars(b, stub, names, [e["mem_delta_gib"] for e in effects], lambda v: f"{v:+.2f} GiB")
+    b.set_yticks(range(len(names)), [""] * len(names))
+    b.axvline(0, color="k", lw=0.8)
+    b.set_xlabel("change in peak reserved memory")
+    return _save(fig, out_dir, "knobs", "Which knob moved throughput and memory (cells differing in one key)", results)
+
+
+def loss(results, axes_, cfg, out_dir, curves) -> Path | None:
+    if curves is None:
+        return None
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4), layout="constrained")
+    (_, ref), cells = curves
+    for r, c in cells:
+        steps = sorted(set(c) & set(ref))
+        a.plot(steps, [c[s] for s in steps], lw=1, label=label(r, axes_))
+        b.plot(steps, [c[s] - ref[s] for s in steps], lw=1)
+    a.set_xlabel("optimizer step")
+    a.set_ylabel("training loss")
+    a.legend(fontsize=7)
+    b.axhline(0, color="k", lw=0.8)
+    b.set_xlabel("optimizer step")
+    b.set_ylabel("loss - reference cell's loss")
+    return _save(fig, out_dir, "loss", "Loss curves on the same batches", results)
+
+
+def fit(results, axes_, cfg, out_dir, grid) -> Path | None:
+    if not grid:
+        return None
+    seqs, batches = sorted({s for s, _ in grid}), sorted({b for _, b in grid})
+    fig, ax = plt.subplots(figsize=(2 + 1.1 * len(batches), 1.6 + 0.6 * len(seqs)), layout="constrained")
+    for i, seq in enumerate(seqs):
+        for j, b in enumerate(batches):
+            r = grid.get((seq, b))
+            status = r.status.value if r else None
+            mem = r.metrics.get("mem/peak_reserved_gib") if r else None
+            text = {"ok": f"{mem:.1f} GiB" if mem is not None else "fits", "oom": "OOM",
+                    "skipped": "OOM\n(implied)", "failed": "failed", None: "-"}.get(status, status)
+            color = {"ok": "#b8d8be", "oom": "#f2b8ba", "skipped": "#f8dcdd"}.get(status, "#eeeeee")
+            ax.add_patch(plt.Rectangle((j, i), 1, 1, facecolor=color, edgecolor="white"))
+            ax.text(j + 0.5, i + 0.5, text, ha="center", va="center", fontsize=8)
+    ax.set_xlim(0, len(batches))
+    ax.set_ylim(len(seqs), 0)
+    ax.set_xticks([j + 0.5 for j in range(len(batches))], batches)
+    ax.set_yticks([i + 0.5 for i in range(len(seqs))], seqs)
+    ax.set_xlabel("batch")
+    ax.set_ylabel("seq_len")
+    return _save(fig, out_dir, "fit", "What fits (peak reserved memory)", results)
+
+
+def make_plots(results: list[CellResult], cfg: ReportConfig, out_dir: Path, curves=None, grid=None) -> dict[str, Path]:
+    """Every figure that the sweep has data for: {name: path}."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if not any(TOK in r.metrics for r in results):
+        return {}  # bench cells: their numbers are in the tables
+    axes_ = axes(results)
+    paths = [f(results, axes_, cfg, out_dir) for f in (throughput, heatmaps, speedup, memory, cost,
+                                                       cost_vs_throughput, projection_plot, energy_plot,
+                                                       bottleneck, knobs)]
+    paths += [loss(results, axes_, cfg, out_dir, curves), fit(results, axes_, cfg, out_dir, grid)]
+    return {p.stem: p for p in paths if p is not None}

@@ -1,0 +1,62 @@
+"""One rank of a cell that lorabench.distributed launched (`python -m lorabench.worker <run dir>`,
+under torchrun, or alone for backend=unsloth): the cell from its resolved config, through the same
+lorabench.train.measure as a cell in the Hydra process; rank<r>.json whatever happens.
+
+The launcher names this module only as a command; it imports nothing of the training code. Unsloth
+must be imported before transformers, so the training code is imported inside `worker`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from lorabench.config import Backend, Config
+from lorabench.distributed import CONFIG_FILE
+from lorabench.loggers import NullLogger
+from lorabench.metrics import memory_stats
+from lorabench.results import CellResult, Status, write_result
+
+log = logging.getLogger(__name__)
+
+
+def worker(run_dir: Path) -> None:
+    """One rank of a cell started by lorabench.distributed (under torchrun, or alone for
+    backend=unsloth): the cell from its resolved config; rank<r>.json whatever happens."""
+    rank = int(os.environ["RANK"])
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
+                        format=f"[rank {rank}] %(asctime)s %(name)s %(levelname)s %(message)s")
+    c = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(run_dir / CONFIG_FILE)))
+    result = CellResult(status=Status.running, cell=f"rank {rank}")
+    try:
+        if c.backend.name is Backend.unsloth:
+            # Unsloth writes the code it compiles to ./unsloth_compiled_cache unless told where.
+            os.environ.setdefault("UNSLOTH_COMPILE_LOCATION",
+                                  os.path.join(os.path.expanduser(c.data.cache_dir), "unsloth_compiled_cache"))
+            import unsloth  # noqa: F401  (before transformers, as Unsloth asks: it patches it on import)
+        from lorabench.train import measure  # (after unsloth: it imports transformers)
+
+        result.metrics = measure(c, run_dir, result, NullLogger(), rank=rank)
+        result.status = Status.ok
+    except torch.OutOfMemoryError as e:
+        result.status, result.error = Status.oom, str(e).splitlines()[0]
+    except Exception as e:
+        result.status, result.error = Status.failed, f"{type(e).__name__}: {e}"
+        log.exception("rank %d failed", rank)
+    finally:
+        if result.status is Status.running:
+            result.status, result.error = Status.interrupted, "interrupted"
+        if result.device and result.device.startswith("cuda"):
+            result.metrics = {**memory_stats(torch.device(result.device)), **result.metrics}
+        write_result(run_dir / f"rank{rank}.json", result)
+    if not result.ok:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    worker(Path(sys.argv[1]))
