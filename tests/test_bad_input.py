@@ -5,6 +5,8 @@ CUDA-only optimizer on CPU, seq_len past the model's positions, r above the hidd
 without one), test_data.py (broken data files, with file:line), test_distributed.py (more
 processes than GPUs), test_gpu.py (a memory budget larger than the device)."""
 
+import json
+
 import pytest
 from conftest import FAST, compose_cfg, run_cli, run_in_process
 from hydra.errors import ConfigCompositionException, HydraException
@@ -113,4 +115,109 @@ def test_impossible_combinations_fail_before_the_model_is_built(tmp_path, overri
 
 def test_an_output_dir_that_cannot_be_written_is_named(tmp_path):
     proc = run_cli("train.py", [*FAST, "hydra.run.dir=/proc/lorabench-cannot-write"], check=False)
-    assert proc.returncode != 0 and "/proc/lorabench-cannot-write" in proc.stderr
+    assert proc.returncode == 2 and "hydra.run.dir=/proc/lorabench-cannot-write: cannot write there" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+# ---------------------------------------------------------------------------- the cell contract
+# Each case runs the cell as train.py would (in this process, with the entrypoint's context) and
+# asserts what a script reading it gets: the exit code, one line naming the bad value, no
+# traceback on the console, no model built, and a result file that is whole (or none at all).
+
+def planted(tmp_path):
+    """Files of the wrong kind or content for the path cases."""
+    (tmp_path / "a_dir").mkdir(exist_ok=True)
+    (tmp_path / "a_file.jsonl").write_text('{"text": "hello"}\n')
+    (tmp_path / "latin1.jsonl").write_bytes(b'{"text": "fine"}\n{"text": "caf\xe9"}\n')
+    return tmp_path
+
+
+CONTRACT_CASES = [
+    # non-finite or negative where none makes sense: NaN passes a plain `<= 0` check
+    (["optimizer.lr=nan"], ["optimizer.lr must be > 0", "nan"]),
+    (["optimizer.lr=inf"], ["optimizer.lr must be > 0", "inf"]),
+    (["optimizer.weight_decay=-0.1"], ["optimizer.weight_decay must be >= 0", "-0.1"]),
+    (["optimizer.max_grad_norm=-1"], ["optimizer.max_grad_norm must be >= 0", "-1"]),
+    (["optimizer.max_grad_norm=nan"], ["optimizer.max_grad_norm must be >= 0", "nan"]),
+    (["optimizer.warmup_steps=-3"], ["optimizer.warmup_steps must be >= 0", "-3"]),
+    (["gpu.price_per_hour=nan"], ["gpu.price_per_hour must be >= 0", "nan"]),
+    (["gpu.price_per_hour=inf"], ["gpu.price_per_hour must be >= 0", "inf"]),
+    (["gpu.peak_bf16_tflops=-989"], ["gpu.peak_bf16_tflops must be >= 0", "-989"]),
+    (["lora.dropout=nan"], ["lora.dropout must be in [0, 1)", "nan"]),
+    (["train.checkpoint_fraction=nan"], ["train.checkpoint_fraction must be in [0, 1]", "nan"]),
+    (["model.rope_theta=-1"], ["model.rope_theta must be > 0", "-1"]),
+    (["model.rms_norm_eps=0"], ["model.rms_norm_eps must be > 0", "0"]),
+    (["report.reference_usd_per_1m_tokens=nan"], ["report.reference_usd_per_1m_tokens must be >= 0", "nan"]),
+    (["report.reference_usd_per_1m_tokens=-2"], ["report.reference_usd_per_1m_tokens must be >= 0", "-2"]),
+    (["train.max_steps=5", "train.timing_warmup_steps=5"],
+     ["train.timing_warmup_steps must be in [0, train.max_steps=5)", "got 5"]),
+    (["train.max_steps=6", "train.profile_steps=4"], ["train.profile_steps must be in [0", "6 - 2", "got 4"]),
+    # paths of the wrong kind, named as such (not "missing", not a hub "repo id")
+    (["data=jsonl", "data.path={tmp}/a_dir"], ["data.path=", "a_dir' is a directory", "data=hf"]),
+    (["data=hf", "data.path={tmp}/a_file.jsonl"], ["a_file.jsonl' is a file", "data=jsonl"]),
+    (["model.path={tmp}/a_file.jsonl"], ["model.path=", "a_file.jsonl' is a file", "model directory"]),
+    (["model.tokenizer={tmp}/no_such.model"], ["model.tokenizer=", "no_such.model", "no such file"]),
+    (["data=hf", "data.path={tmp}/no_such_dataset"], ["no_such_dataset", "no such directory", "HF_DATASETS_OFFLINE"]),
+    # undecodable bytes name the file and the line
+    (["data=jsonl", "data.path={tmp}/latin1.jsonl"], ["latin1.jsonl:2", "not UTF-8", "0xe9"]),
+]
+
+
+@pytest.mark.parametrize("overrides,words", CONTRACT_CASES, ids=[",".join(c[0]) for c in CONTRACT_CASES])
+def test_bad_value_fails_the_cell_with_its_exit_code_and_one_line(tmp_path, capfd, overrides, words):
+    tmp = planted(tmp_path)
+    run = tmp_path / "run"
+    r = run_in_process([*FAST, *(o.format(tmp=tmp) for o in overrides)], run)
+    out, err = capfd.readouterr()
+    assert r.status.value == "failed" and r.exit_code == 2 and r.model is None, r.error
+    for w in words:
+        assert w.format(tmp=tmp) in r.error, (w, r.error)
+    assert "Traceback" not in out + err and r.error in err  # the whole reason on the console, no traceback
+    assert json.loads((run / "metrics.json").read_text())["error"] == r.error  # whole, and the whole reason
+    assert not list(run.glob(".*.tmp")) and oct((run / "metrics.json").stat().st_mode & 0o777) == "0o644"
+
+
+def test_a_failed_single_run_exits_2_with_one_line(tmp_path):
+    proc = run_cli("train.py", ["seq_len=-5", f"hydra.run.dir={tmp_path}"], check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "seq_len must be > 0, got -5" in proc.stderr and "Failed to load CPU" not in proc.stderr  # quiet console
+
+
+def test_a_sweep_with_an_invalid_cell_stops_in_preflight(tmp_path):
+    """Every cell is composed and checked before the first model is built; each invalid one is named
+    with its key and value, and nothing runs."""
+    proc = run_cli("train.py", ["-m", "lora.r=8,0", "optimizer.lr=2e-4,nan", *FAST, f"hydra.sweep.dir={tmp_path}"],
+                   check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "invalid cell 1 (lora.r=8,optimizer.lr=nan" in proc.stderr and "optimizer.lr must be > 0, got nan" in proc.stderr
+    assert "invalid cell 2 (lora.r=0" in proc.stderr and "lora.r must be > 0, got 0" in proc.stderr
+    assert "4 cells, none run" in proc.stderr and not list(tmp_path.glob("[0-9]*"))  # no cell ran
+
+
+def test_a_cell_that_fails_at_run_time_is_recorded_and_the_sweep_finishes(tmp_path):
+    """Valid JSON with no usable conversation passes the preflight (the file exists) and fails its
+    cell when the data is read: the reason is recorded, the other cell finishes, the exit code is 2."""
+    data = tmp_path / "no_answers.jsonl"
+    data.write_text('{"messages": [{"role": "user", "content": "hello?"}]}\n')
+    sweep = tmp_path / "sweep"
+    proc = run_cli("train.py", ["-m", "data=tiny_instruct,jsonl", f"data.path={data}", *FAST, "seq_len=64",
+                                f"hydra.sweep.dir={sweep}"], check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    ok, bad = (json.loads((sweep / n / "metrics.json").read_text()) for n in ("0", "1"))
+    assert ok["status"] == "ok" and bad["status"] == "failed" and "no assistant turn" in bad["error"]
+    assert proc.stderr.strip().splitlines()[-1] == "cells: 2 = 1 ok, 1 failed; not measured: 1 (data=jsonl): failed"
+    assert "cell 2 of 2: data=jsonl; 1 done, about" in proc.stdout + proc.stderr  # progress with an ETA
+
+
+def test_a_report_baseline_that_names_no_cell_stops_in_preflight(tmp_path):
+    proc = run_cli("train.py", ["-m", "batch=2,3", "report.baseline=99", *FAST, f"hydra.sweep.dir={tmp_path}"],
+                   check=False)
+    assert proc.returncode == 2 and "report.baseline='99' names no cell" in proc.stderr
+    assert not list(tmp_path.glob("[0-9]*"))
+
+
+def test_bench_report_of_a_file_says_it_is_a_file(tmp_path):
+    f = tmp_path / "results.csv"
+    f.write_text("x\n")
+    proc = run_cli("bench.py", [f"sweep_dir={f}"], check=False)
+    assert proc.returncode != 0 and "is a file" in proc.stderr and "Traceback" not in proc.stderr

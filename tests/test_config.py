@@ -138,3 +138,16 @@ def test_diagnostic_and_scaling_are_multiruns_over_the_seed_recipe():
         cfg = compose_cfg([f"+experiment={name}"], return_hydra_config=True)
         assert cfg.hydra.mode.name == "MULTIRUN" and set(cfg.hydra.sweeper.params) == params
         assert cfg.precision.name.value == "nf4" and cfg.model.name == "mistral-7b-v0.3"
+
+
+def test_wandb_mode_comes_from_the_environment_unless_set(monkeypatch):
+    from lorabench.config import LoggerConfig, WandbMode
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    assert LoggerConfig().resolved_mode() is WandbMode.offline  # nothing set: offline
+    monkeypatch.setenv("WANDB_MODE", "disabled")  # what k8s/configmap.yaml and the Dockerfile set
+    assert LoggerConfig().resolved_mode() is WandbMode.disabled
+    assert LoggerConfig(mode=WandbMode.online).resolved_mode() is WandbMode.online  # an explicit mode wins
+    monkeypatch.setenv("WANDB_MODE", "sometimes")
+    with pytest.raises(ValueError, match="WANDB_MODE='sometimes' is not a W&B mode"):
+        LoggerConfig().resolved_mode()

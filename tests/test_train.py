@@ -55,6 +55,23 @@ def test_result_file_holds_consistent_numbers(default_run):
     assert "sha" in env["git"] and env["device"] == "cpu"
     assert (run_dir / ".hydra" / "config.yaml").is_file()
     assert "tok/s non-pad" in proc.stderr  # the printed summary table
+    # A quiet console: no library warning on the default run (bitsandbytes' CPU-kernel notice included).
+    assert "WARNING" not in proc.stdout + proc.stderr and "Failed to load CPU" not in proc.stderr
+    assert oct((run_dir / "metrics.json").stat().st_mode & 0o777) == "0o644"  # readable by the group
+
+
+def test_a_short_run_times_what_its_warmup_leaves(tmp_path):
+    """`python train.py train.max_steps=5`, the size a user tries first: the unset warmup shrinks to
+    half the run (2 steps) and the other 3 are timed."""
+    r = run_in_process(["train.max_steps=5", "data.max_samples=64"], tmp_path)
+    assert r.ok and r.exit_code == 0
+    assert r.metrics["count/warmup_steps"] == 2 and r.metrics["count/timed_steps"] == 3
+
+
+def test_help_shows_examples_options_and_exit_codes():
+    out = run_cli("train.py", ["--help"]).stdout
+    assert "python train.py -m seq_len=512,1024 batch=4,8" in out and "Exit codes: 0 ok" in out
+    assert "backend=    fast, hf, liger, unsloth" in out and "base_" not in out  # options, not the schemas
 
 
 def test_card_multirun_leaves_one_result_per_cell(tmp_path):

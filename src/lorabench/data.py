@@ -112,8 +112,13 @@ def read_jsonl(path: Path) -> list[dict]:
     if not path.is_file():
         raise DataError(f"data.path={str(path)!r}: no such file")
     records = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path}:{n}: not UTF-8 text (byte {raw[e.start]:#04x} at column {e.start + 1}); "
+                                "save the file as UTF-8") from None
             if not line.strip():
                 continue
             try:
