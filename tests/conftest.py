@@ -61,3 +61,4 @@ def read_steps(run_dir: Path) -> list[dict]:
 
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+

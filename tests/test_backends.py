@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from conftest import FAST, compose_cfg, read_result, read_steps, requires_cuda, run_in_process
 from lorabench import backends, data, modeling
-from lorabench.train import build_trainable_model
+from lorabench.loop import build_trainable_model
 
 
 def lora_grads(overrides, device, steps_batch=4):

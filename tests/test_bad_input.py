@@ -177,6 +177,10 @@ def test_bad_value_fails_the_cell_with_its_exit_code_and_one_line(tmp_path, capf
     assert not list(run.glob(".*.tmp")) and oct((run / "metrics.json").stat().st_mode & 0o777) == "0o644"
 
 
+# A cell that fails at run time in a sweep (valid JSON with no usable conversation: recorded with its
+# reason, the other cells finish, exit code 2): test_reliability.py, the 12-cell sweep.
+
+
 def test_a_failed_single_run_exits_2_with_one_line(tmp_path):
     proc = run_cli("train.py", ["seq_len=-5", f"hydra.run.dir={tmp_path}"], check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
@@ -192,21 +196,6 @@ def test_a_sweep_with_an_invalid_cell_stops_in_preflight(tmp_path):
     assert "invalid cell 1 (lora.r=8,optimizer.lr=nan" in proc.stderr and "optimizer.lr must be > 0, got nan" in proc.stderr
     assert "invalid cell 2 (lora.r=0" in proc.stderr and "lora.r must be > 0, got 0" in proc.stderr
     assert "4 cells, none run" in proc.stderr and not list(tmp_path.glob("[0-9]*"))  # no cell ran
-
-
-def test_a_cell_that_fails_at_run_time_is_recorded_and_the_sweep_finishes(tmp_path):
-    """Valid JSON with no usable conversation passes the preflight (the file exists) and fails its
-    cell when the data is read: the reason is recorded, the other cell finishes, the exit code is 2."""
-    data = tmp_path / "no_answers.jsonl"
-    data.write_text('{"messages": [{"role": "user", "content": "hello?"}]}\n')
-    sweep = tmp_path / "sweep"
-    proc = run_cli("train.py", ["-m", "data=tiny_instruct,jsonl", f"data.path={data}", *FAST, "seq_len=64",
-                                f"hydra.sweep.dir={sweep}"], check=False)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    ok, bad = (json.loads((sweep / n / "metrics.json").read_text()) for n in ("0", "1"))
-    assert ok["status"] == "ok" and bad["status"] == "failed" and "no assistant turn" in bad["error"]
-    assert proc.stderr.strip().splitlines()[-1] == "cells: 2 = 1 ok, 1 failed; not measured: 1 (data=jsonl): failed"
-    assert "cell 2 of 2: data=jsonl; 1 done, about" in proc.stdout + proc.stderr  # progress with an ETA
 
 
 def test_a_report_baseline_that_names_no_cell_stops_in_preflight(tmp_path):

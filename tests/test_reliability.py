@@ -91,7 +91,8 @@ def test_failures_are_isolated_in_a_12_cell_sweep(tmp_path):
     import resource
 
     bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"text": "a fine line"}\n{"text": "cut off\n')
+    # valid JSON with no usable conversation: it passes the preflight (the file is there) and fails its cell
+    bad.write_text('{"text": "a fine line"}\n{"messages": [{"role": "user", "content": "hello?"}]}\n')
     sweep = tmp_path / "sweep"
 
     def limit_memory():
@@ -107,12 +108,14 @@ def test_failures_are_isolated_in_a_12_cell_sweep(tmp_path):
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("cells: 12 = ") and "9 ok" in last and "1 oom" in last and "2 failed" in last, last
     assert "(+case=bad_data): failed" in last and "(+case=diverge): failed" in last
+    assert "cell 12 of 12: +case=oom; 11 done, about" in proc.stdout  # progress, with an estimate of the rest
     results = {r["cell"].split(",")[0].removeprefix("+case="): r for r in map(read_result, sweep.glob("[0-9]*"))}
     assert len(results) == 12
     assert sorted(k for k, r in results.items() if r["status"] == "ok") == [f"ok{i}" for i in range(1, 10)]
     assert results["oom"]["status"] == "oom" and "can't allocate memory" in results["oom"]["error"]
     assert results["diverge"]["status"] == "failed" and "loss is nan" in results["diverge"]["error"]
-    assert results["bad_data"]["status"] == "failed" and f"{bad}:2" in results["bad_data"]["error"]
+    assert results["bad_data"]["status"] == "failed" and f"{bad}:2: conversation has no assistant turn" in \
+        results["bad_data"]["error"]
     assert "Traceback" in (sweep / results["bad_data"]["run_dir"].split("/")[-1] / "error.txt").read_text()
     md, page = (sweep / "results.md").read_text(), (sweep / "report.html").read_text()
     assert md.count("| ok |") == 9 and md.count("| oom [") == 1 and md.count("| failed [") == 2

@@ -34,8 +34,15 @@ def cells(d):
     return {int(p.name): json.loads((p / "metrics.json").read_text()) for p in d.iterdir() if p.name.isdigit()}
 
 
-def test_report_files_hold_the_cells_numbers(sweep):
-    d, proc = sweep
+def test_a_sweep_report_its_wandb_runs_and_no_secret(sweep):
+    """One test over the one sweep (a whole 4-cell multirun): the report files hold the cells' own
+    numbers, one offline W&B run per cell holds its result, and no planted secret reaches a file."""
+    report_files_hold_the_cells_numbers(*sweep)
+    one_offline_wandb_run_per_cell_with_its_result(*sweep)
+    no_secret_reaches_any_file(*sweep)
+
+
+def report_files_hold_the_cells_numbers(d, proc):
     assert proc.returncode == 2  # a multirun with a failed cell (README: exit codes)
     assert proc.stderr.splitlines()[-1].startswith("cells: 4 = 2 ok, 2 failed; not measured: 2 (")
     own = cells(d)
@@ -61,10 +68,7 @@ def test_report_files_hold_the_cells_numbers(sweep):
     assert "http" not in page.replace("https://", "")  # self-contained: nothing to fetch
 
 
-def test_one_offline_wandb_run_per_cell_with_its_result(sweep):
-    d, proc = sweep
-    assert proc.returncode == 2  # a multirun with a failed cell (README: exit codes)
-    assert proc.stderr.splitlines()[-1].startswith("cells: 4 = 2 ok, 2 failed; not measured: 2 (")
+def one_offline_wandb_run_per_cell_with_its_result(d, proc):
     own = cells(d)
     runs = {}
     for f in d.glob("*/wandb/offline-run-*/run-*.wandb"):
@@ -88,8 +92,7 @@ def test_one_offline_wandb_run_per_cell_with_its_result(sweep):
     assert len(table["data"]) == 4 and table["columns"][:3] == ["cell", "batch", "seq_len"]
 
 
-def test_no_secret_reaches_any_file(sweep):
-    d, proc = sweep
+def no_secret_reaches_any_file(d, proc):
     for f in d.rglob("*"):
         if f.is_file():
             data = f.read_bytes()

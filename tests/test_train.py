@@ -20,16 +20,21 @@ def default_run(tmp_path_factory):
     return run_dir, proc
 
 
-def test_default_task_loss_falls_well_below_its_start(default_run):
-    run_dir, _ = default_run
+def test_default_run_learns_and_records_consistent_numbers(default_run):
+    """One test over the one default run (README's first command, 100 steps): its loss falls well
+    below its start, and its result file holds numbers consistent with its steps."""
+    default_task_loss_falls_well_below_its_start(*default_run)
+    result_file_holds_consistent_numbers(*default_run)
+
+
+def default_task_loss_falls_well_below_its_start(run_dir, proc):
     losses = [s["loss"] for s in read_steps(run_dir)]
     first, last = sum(losses[:3]) / 3, sum(losses[-5:]) / 5
     assert first > 9.0  # near ln(32768) = 10.4: the model starts knowing nothing
     assert last < 0.5 * first, (first, last)
 
 
-def test_result_file_holds_consistent_numbers(default_run):
-    run_dir, proc = default_run
+def result_file_holds_consistent_numbers(run_dir, proc):
     r, steps = read_result(run_dir), read_steps(run_dir)
     cfg = r["config"]
     assert r["status"] == "ok" and r["model"]["weights"] == "random_init"

@@ -33,6 +33,7 @@ CONFIG_COLUMNS = {"model": "model.name", "precision": "precision.name", "seq_len
                   "train.gradient_checkpointing", "checkpoint_fraction": "train.checkpoint_fraction",
                   "gpu": "gpu.name", "data": "data.kind", "seed": "train.seed", "nproc": "train.nproc"}
 TOK = "perf/tokens_per_s"
+SHAPE_ORDER = ["seq_len", "batch"]
 
 
 def ok_cells(results: list[CellResult]) -> list[CellResult]:
@@ -53,7 +54,8 @@ def axes(results: list[CellResult]) -> list[str]:
         if len({choice(r, group) for r in results}) > 1:
             out.append(group)
             varying = [k for k in varying if not k.startswith(group + ".")]
-    return out + varying
+    # the shape first, as a person reads a grid: seq_len x batch
+    return out + sorted(varying, key=lambda k: (k not in SHAPE_ORDER, SHAPE_ORDER.index(k) if k in SHAPE_ORDER else 0, k))
 
 
 def choice(r: CellResult, group: str):

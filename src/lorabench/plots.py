@@ -10,6 +10,7 @@ layout, so no label is clipped.
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -31,10 +32,18 @@ CATEGORY_COLOR = {"matmul": "#4c72b0", "dequant": "#dd8452", "attention": "#55a8
 ROW_IN = 0.3  # inches per bar
 
 
-def _figure(rows: int, width: float = 9.0, panels: int = 1):
+def _figure(rows: int, width: float = 9.0, panels: int = 1, names: list[str] = ()):
+    """A figure of `panels` side by side, tall enough for `rows` bars and wide enough that the
+    longest cell name (8 pt, about 0.07 in a character) leaves each panel 4.5 in of plot."""
+    longest = max((len(n) for n in names), default=0)
+    width = max(width, 4.5 * panels + 0.07 * longest)
     fig, axs = plt.subplots(1, panels, figsize=(width, 1.4 + ROW_IN * max(rows, 2)), layout="constrained",
                             squeeze=False)
     return fig, list(axs[0])
+
+
+def xlabel(ax, text: str) -> None:
+    ax.set_xlabel(textwrap.fill(text, 70), fontsize=9)
 
 
 def _save(fig, out_dir: Path, name: str, title: str, results: list[CellResult]) -> Path:
@@ -73,9 +82,9 @@ def status_legend(ax, results: list[CellResult]) -> None:
 
 def throughput(results, axes_, cfg, out_dir) -> Path:
     names = [label(r, axes_) for r in results]
-    fig, [ax] = _figure(len(results))
+    fig, [ax] = _figure(len(results), names=names)
     hbars(ax, results, names, [r.metrics.get(TOK) for r in results], lambda v: f"{v:,.0f}")
-    ax.set_xlabel("non-pad tokens/s (real tokens over the timed steps, warmup excluded)")
+    xlabel(ax, "non-pad tokens/s (real tokens over the timed steps, warmup excluded)")
     status_legend(ax, results)
     return _save(fig, out_dir, "throughput", "Throughput per cell", results)
 
@@ -85,11 +94,12 @@ def speedup(results, axes_, cfg, out_dir) -> Path | None:
     if base is None:
         return None
     ref = base.metrics[TOK]
-    fig, [ax] = _figure(len(results))
-    hbars(ax, results, [label(r, axes_) for r in results],
+    names = [label(r, axes_) for r in results]
+    fig, [ax] = _figure(len(results), names=names)
+    hbars(ax, results, names,
           [r.metrics[TOK] / ref if TOK in r.metrics and r.ok else None for r in results], lambda v: f"{v:.2f}x")
     ax.axvline(1.0, color="k", lw=0.8)
-    ax.set_xlabel(f"non-pad tokens/s relative to {label(base, axes_)}")
+    xlabel(ax, f"non-pad tokens/s relative to {label(base, axes_)}")
     return _save(fig, out_dir, "speedup", "Speedup against the baseline cell", results)
 
 
@@ -97,14 +107,15 @@ def memory(results, axes_, cfg, out_dir) -> Path | None:
     m = [r.metrics for r in results]
     if not any("mem/peak_reserved_gib" in x for x in m):
         return None
-    fig, [ax] = _figure(len(results))
-    hbars(ax, results, [label(r, axes_) for r in results],
+    names = [label(r, axes_) for r in results]
+    fig, [ax] = _figure(len(results), names=names)
+    hbars(ax, results, names,
           [x.get("mem/peak_reserved_gib") if r.ok else None for r, x in zip(results, m)], lambda v: f"{v:.1f} GiB")
     caps = sorted({x.get("mem/budget_gib") or x.get("mem/device_total_gib") for x in m} - {None})
     for cap in caps:
         ax.axvline(cap, color="#c44e52", ls="--", lw=1, label=f"capacity {cap:.1f} GiB")
     ax.set_xlim(0, 1.3 * max([*caps, *[x.get("mem/peak_reserved_gib") or 0 for x in m]]))
-    ax.set_xlabel("peak reserved GiB (PyTorch caching allocator)")
+    xlabel(ax, "peak reserved GiB (PyTorch caching allocator)")
     ax.legend(fontsize=7, loc="lower right")
     return _save(fig, out_dir, "memory", "Peak memory against the GPU's capacity", results)
 
@@ -112,10 +123,11 @@ def memory(results, axes_, cfg, out_dir) -> Path | None:
 def cost(results, axes_, cfg, out_dir) -> Path | None:
     if not any("cost/usd_per_1m_tokens" in r.metrics for r in results):
         return None
-    fig, [ax] = _figure(len(results))
-    hbars(ax, results, [label(r, axes_) for r in results],
+    names = [label(r, axes_) for r in results]
+    fig, [ax] = _figure(len(results), names=names)
+    hbars(ax, results, names,
           [r.metrics.get("cost/usd_per_1m_tokens") if r.ok else None for r in results], money)
-    ax.set_xlabel("USD per 1M non-pad tokens, at the GPU's hourly price")
+    xlabel(ax, "USD per 1M non-pad tokens, at the GPU's hourly price")
     return _save(fig, out_dir, "cost", "Cost per cell", results)
 
 
@@ -132,7 +144,7 @@ def cost_vs_throughput(results, axes_, cfg, out_dir) -> Path | None:
     ax.plot([p[0] for p in front], [p[1] for p in front], "-o", color="#c44e52", ms=5, label="Pareto front")
     for p in front:  # name only the front's cells: 60 names on a scatter overlap
         ax.annotate(label(p[2], axes_), (p[0], p[1]), textcoords="offset points", xytext=(4, 4), fontsize=7)
-    ax.set_xlabel("non-pad tokens/s")
+    xlabel(ax, "non-pad tokens/s")
     ax.set_ylabel("USD per 1M non-pad tokens")
     ax.legend(fontsize=7)
     return _save(fig, out_dir, "cost_vs_throughput", "Cost against throughput", results)
@@ -142,13 +154,13 @@ def projection_plot(results, axes_, cfg: ReportConfig, out_dir) -> Path | None:
     proj = [projection(r, cfg) for r in results]
     if not any(p and p["usd"] is not None for p in proj):
         return None
-    fig, (a, b) = _figure(len(results), width=12, panels=2)
     names = [label(r, axes_) for r in results]
+    fig, (a, b) = _figure(len(results), width=12, panels=2, names=names)
     hbars(a, results, names, [p["hours"] if p else None for p in proj], lambda v: f"{v:.2f} h")
-    a.set_xlabel(f"hours for {cfg.dataset_samples:,} samples")
+    xlabel(a, f"hours for {cfg.dataset_samples:,} samples")
     hbars(b, results, names, [p["usd"] if p else None for p in proj], money)
     b.set_yticks(range(len(names)), [""] * len(names))
-    b.set_xlabel(f"USD for {cfg.dataset_samples:,} samples"
+    xlabel(b, f"USD for {cfg.dataset_samples:,} samples"
                  + (f" ({cfg.reference_name}: {money(proj[0]['reference_usd'])} for the same tokens)"
                     if proj[0] and "reference_usd" in proj[0] else ""))
     return _save(fig, out_dir, "projection", f"Time and cost projected for {cfg.dataset_samples:,} samples", results)
@@ -158,9 +170,10 @@ def energy_plot(results, axes_, cfg, out_dir) -> Path | None:
     vals = [energy(r.metrics, cfg).get("energy/j_per_1k_tokens") if r.ok else None for r in results]
     if not any(vals):
         return None
-    fig, [ax] = _figure(len(results))
-    hbars(ax, results, [label(r, axes_) for r in results], vals, lambda v: f"{v:,.0f} J")
-    ax.set_xlabel("GPU energy per 1K non-pad tokens (NVML counter over the timed steps)")
+    names = [label(r, axes_) for r in results]
+    fig, [ax] = _figure(len(results), names=names)
+    hbars(ax, results, names, vals, lambda v: f"{v:,.0f} J")
+    xlabel(ax, "GPU energy per 1K non-pad tokens (NVML counter over the timed steps)")
     return _save(fig, out_dir, "energy", "Energy per token", results)
 
 
@@ -168,7 +181,7 @@ def bottleneck(results, axes_, cfg, out_dir) -> Path | None:
     prof = [r for r in results if "prof/step_ms" in r.metrics]
     if not prof:
         return None
-    fig, [ax] = _figure(len(prof), width=11)
+    fig, [ax] = _figure(len(prof), width=11, names=[label(r, axes_) + " (000 ms)" for r in prof])
     left = [0.0] * len(prof)
     for c in CATEGORIES:
         share = [100 * r.metrics[f"prof/{c}_frac"] for r in prof]
@@ -181,7 +194,7 @@ def bottleneck(results, axes_, cfg, out_dir) -> Path | None:
                   fontsize=8)
     ax.set_ylim(len(prof) - 0.5, -0.5)
     ax.set_xlim(0, 100)
-    ax.set_xlabel("% of the profiled step time (torch.profiler; device work, then device idle)")
+    xlabel(ax, "% of the profiled step time (torch.profiler; device work, then device idle)")
     ax.legend(ncol=4, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.25), frameon=False)
     return _save(fig, out_dir, "bottleneck", "Where the step time goes", results)
 
@@ -217,7 +230,7 @@ def heatmaps(results, axes_, cfg, out_dir) -> Path | None:
                     ax.text(j, i, text, ha="center", va="center", fontsize=7, color="w" if r and r.ok else "k")
             ax.set_xticks(range(len(xs)), [str(x) for x in xs], fontsize=8)
             ax.set_yticks(range(len(ys)), [str(y) for y in ys], fontsize=8)
-            ax.set_xlabel(names[xa])
+            xlabel(ax, names[xa])
             ax.set_ylabel(names[ya])
             ax.set_title(what + (f", gpu={facet}" if facet is not None else ""), fontsize=9)
     return _save(fig, out_dir, "heatmap", f"{names[ya]} x {names[xa]}", results)
@@ -228,7 +241,7 @@ def knobs(results, axes_, cfg, out_dir) -> Path | None:
     if not effects:
         return None
     names = [f"{e['key']}: {e['from']} -> {e['to']}" for e in effects]
-    fig, (a, b) = _figure(len(effects), width=12, panels=2)
+    fig, (a, b) = _figure(len(effects), width=12, panels=2, names=names)
     stub = [CellResult(Status.ok, n) for n in names]
     tok = [(e["tokens_ratio"] - 1) * 100 for e in effects]
     hbars(a, stub, names, tok, lambda v: f"{v:+.1f}%")
@@ -237,11 +250,11 @@ def knobs(results, axes_, cfg, out_dir) -> Path | None:
         if e["noise"] is not None:  # the spread of repeated cells, either side of zero
             a.fill_betweenx([i - 0.4, i + 0.4], -100 * e["noise"], 100 * e["noise"], color="#999999", alpha=0.3)
     a.axvline(0, color="k", lw=0.8)
-    a.set_xlabel("change in non-pad tokens/s (grey: spread of repeated cells)")
+    xlabel(a, "change in non-pad tokens/s (grey: spread of repeated cells)")
     hbars(b, stub, names, [e["mem_delta_gib"] for e in effects], lambda v: f"{v:+.2f} GiB")
     b.set_yticks(range(len(names)), [""] * len(names))
     b.axvline(0, color="k", lw=0.8)
-    b.set_xlabel("change in peak reserved memory")
+    xlabel(b, "change in peak reserved memory")
     return _save(fig, out_dir, "knobs", "Which knob moved throughput and memory (cells differing in one key)", results)
 
 
@@ -254,11 +267,11 @@ def loss(results, axes_, cfg, out_dir, curves) -> Path | None:
         steps = sorted(set(c) & set(ref))
         a.plot(steps, [c[s] for s in steps], lw=1, label=label(r, axes_))
         b.plot(steps, [c[s] - ref[s] for s in steps], lw=1)
-    a.set_xlabel("optimizer step")
+    xlabel(a, "optimizer step")
     a.set_ylabel("training loss")
     a.legend(fontsize=7)
     b.axhline(0, color="k", lw=0.8)
-    b.set_xlabel("optimizer step")
+    xlabel(b, "optimizer step")
     b.set_ylabel("loss - reference cell's loss")
     return _save(fig, out_dir, "loss", "Loss curves on the same batches", results)
 
@@ -282,7 +295,7 @@ def fit(results, axes_, cfg, out_dir, grid) -> Path | None:
     ax.set_ylim(len(seqs), 0)
     ax.set_xticks([j + 0.5 for j in range(len(batches))], batches)
     ax.set_yticks([i + 0.5 for i in range(len(seqs))], seqs)
-    ax.set_xlabel("batch")
+    xlabel(ax, "batch")
     ax.set_ylabel("seq_len")
     return _save(fig, out_dir, "fit", "What fits (peak reserved memory)", results)
 

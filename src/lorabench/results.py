@@ -10,6 +10,7 @@ This module is the bottom of lorabench's imports: it imports nothing of lorabenc
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -190,17 +191,21 @@ def git_sha() -> dict:
     # stale one: the launcher that made the copy knows the commit and passes it on, and wins.
     if os.environ.get("LORABENCH_GIT_SHA"):
         return {"sha": os.environ["LORABENCH_GIT_SHA"], "dirty": None, "source": "LORABENCH_GIT_SHA"}
+    return dict(_git_head())
 
+
+@functools.lru_cache(maxsize=1)  # one process runs one commit: a multirun's cells need not ask git each
+def _git_head() -> tuple:
     def git(*args):
         return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True,
                               timeout=10).stdout.strip()
     try:
         sha = git("rev-parse", "--verify", "--quiet", "HEAD")
         if sha:
-            return {"sha": sha, "dirty": bool(git("status", "--porcelain"))}
+            return (("sha", sha), ("dirty", bool(git("status", "--porcelain"))))
     except (OSError, subprocess.SubprocessError):
         pass
-    return {"sha": None, "dirty": None}
+    return (("sha", None), ("dirty", None))
 
 
 def env_info(device=None) -> dict:

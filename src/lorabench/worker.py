@@ -1,6 +1,6 @@
 """One rank of a cell that lorabench.distributed launched (`python -m lorabench.worker <run dir>`,
 under torchrun, or alone for backend=unsloth): the cell from its resolved config, through the same
-lorabench.train.measure as a cell in the Hydra process; rank<r>.json whatever happens.
+lorabench.loop.measure as a cell in the Hydra process; rank<r>.json whatever happens.
 
 The launcher names this module only as a command; it imports nothing of the training code. Unsloth
 must be imported before transformers, so the training code is imported inside `worker`.
@@ -39,7 +39,7 @@ def worker(run_dir: Path) -> None:
             os.environ.setdefault("UNSLOTH_COMPILE_LOCATION",
                                   os.path.join(os.path.expanduser(c.data.cache_dir), "unsloth_compiled_cache"))
             import unsloth  # noqa: F401  (before transformers, as Unsloth asks: it patches it on import)
-        from lorabench.train import measure  # (after unsloth: it imports transformers)
+        from lorabench.loop import measure  # (after unsloth: it imports transformers)
 
         result.metrics = measure(c, run_dir, result, NullLogger(), rank=rank)
         result.status = Status.ok
