@@ -77,7 +77,7 @@ def hbars(ax, results: list[CellResult], names: list[str], values: list, fmt) ->
 def status_legend(ax, results: list[CellResult]) -> None:
     seen = list(dict.fromkeys(r.status.value for r in results))
     ax.legend(handles=[Patch(facecolor=STATUS_COLOR.get(s, "#8c8c8c"), label=s) for s in seen], fontsize=7,
-              loc="lower right", title="status", title_fontsize=7)
+              loc="best", title="status", title_fontsize=7)
 
 
 def throughput(results, axes_, cfg, out_dir) -> Path:
