@@ -100,7 +100,7 @@ def money(v) -> str:
         return "-"
     if v == 0:
         return "$0"
-    return f"${v:,.0f}" if v >= 100 else f"${v:.2f}" if v >= 1 else f"${v:.3g}"
+    return f"${v:,.0f}" if v >= 100 else f"${v:.2f}" if v >= 1 else f"${v:#.3g}"
 
 
 def num(v, spec: str) -> str:

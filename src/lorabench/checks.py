@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from lorabench.config import BNB_OPTIMIZERS, QUANTISED, Backend, Config, DataKind, ModelConfig, Precision
+from lorabench.modeling import tokenizer_file
 
 # The linear layers of a Mistral decoder layer, the names LoRA can target.
 MISTRAL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -41,8 +42,6 @@ def check_values(c: Config) -> None:
                          f"pack={b.pack}, compile={b.compile}, upcast_fp32={b.upcast_fp32})")
     check_model_path(c.model)
     check_data_path(c)
-    from lorabench.modeling import tokenizer_file
-
     tokenizer_file(c.model)  # names a missing tokenizer file
 
 

@@ -16,6 +16,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from lorabench import sweep
+from lorabench.config import Config
 
 NAMESPACE = "lorabench"
 DATA = "/data"  # the PVC: outputs/, cache/ (tokenised data), models/ (local weights)
@@ -110,8 +111,6 @@ RENDEZVOUS_PORT = 29500
 def render(sweep: str, overrides: list[str], image: str, compose) -> list[list[dict]]:
     """The manifests of each cell (its Job; a multi-node cell's headless Service first); every
     cell's config is composed and type-checked first."""
-    from lorabench.config import Config
-
     if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", sweep):
         raise ValueError(f"sweep name {sweep!r}: use lower-case letters, digits and '-' (it names Kubernetes Jobs)")
     jobs = []

@@ -14,6 +14,7 @@ import functools
 import json
 import os
 import platform
+import re
 import subprocess
 import tempfile
 from dataclasses import asdict, dataclass, field, fields
@@ -149,10 +150,25 @@ class CellResult:
     def from_dict(cls, d: dict) -> "CellResult":
         known = {f.name for f in fields(cls)}
         kw: dict[str, Any] = {k: v for k, v in d.items() if k in known}
+        kw["config"] = _plain_enums(d.get("config", {}))
         kw["status"] = Status(d.get("status", "running"))
         kw.setdefault("cell", "?")
         kw["total_s"] = d.get("time/total_s")
         return cls(**kw)
+
+
+# Result files written before configs were saved with enum_to_str hold "Precision.nf4" for "nf4".
+_ENUM_TEXT = re.compile(r"^(?:Precision|DataKind|OptimizerName|Backend|Schedule|Overlong|Padding|Device|Pricing|"
+                        r"LoggerKind|WandbMode|Suite)\.(\w+)$")
+
+
+def _plain_enums(v):
+    if isinstance(v, dict):
+        return {k: _plain_enums(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_plain_enums(x) for x in v]
+    m = _ENUM_TEXT.match(v) if isinstance(v, str) else None
+    return m.group(1) if m else v
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -116,6 +116,8 @@ def check_report(config: DictConfig, n_cells: int) -> str | None:
 
 class SweepSummary(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        # Here, not at the top: the report's plotting libraries load only when a multirun ends, not
+        # for every single run that loads these callbacks.
         from lorabench.loggers import publish_aggregate
         from lorabench.report import write_report
 
