@@ -89,7 +89,7 @@ def one_offline_wandb_run_per_cell_with_its_result(d, proc):
     assert "sweep/results" in aggregate[0]["history_keys"]
     (table,) = d.glob("wandb/offline-run-*/files/media/table/sweep/results_*.table.json")
     table = json.loads(table.read_text())
-    assert len(table["data"]) == 4 and table["columns"][:3] == ["cell", "batch", "seq_len"]
+    assert len(table["data"]) == 4 and table["columns"][:3] == ["cell", "seq_len", "batch"]
 
 
 def no_secret_reaches_any_file(d, proc):
