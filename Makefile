@@ -1,5 +1,6 @@
 # make demo   set up .venv and run the default cell (tiny Mistral on CPU)
 # make test   set up .venv and run the test suite (CPU; GPU tests skip without CUDA)
+# make test-browser   the report page in headless Chromium (CI runs it after make test)
 # TORCH=...   the torch requirement to install first: the default is the CPU build that this
 #             workplace keeps on disk; on a GPU machine use e.g. `make demo TORCH=torch`.
 TORCH ?= torch==2.13.0
@@ -16,6 +17,10 @@ demo: .venv/.installed
 	$(PY) train.py
 
 test: .venv/.installed
-	$(PY) -m pytest -n 2 --dist worksteal  # worksteal: the long tests do not queue behind one worker
+	$(PY) -m pytest -n 2 --dist worksteal -m "not browser"  # worksteal: the long tests do not queue behind one worker
 
-.PHONY: demo test
+# report.html in headless Chromium (Debian: apt-get install chromium); skipped with that line without it.
+test-browser: .venv/.installed
+	$(PY) -m pytest -m browser
+
+.PHONY: demo test test-browser

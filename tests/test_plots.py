@@ -120,6 +120,7 @@ def chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
+@pytest.mark.browser
 @pytest.mark.skipif(chromium() is None, reason="no chromium: `apt-get install chromium` (Debian) runs this test; "
                                                ".ci/run installs it")
 def test_report_page_shows_every_plot_in_a_browser(tmp_path):

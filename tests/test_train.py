@@ -97,7 +97,11 @@ def test_card_multirun_leaves_one_result_per_cell(tmp_path):
 
 
 def test_synthetic_tokens_count_exactly_and_a_partial_sweep_still_reports(tmp_path):
-    run_cli("train.py", ["-m", "data=synthetic", "seq_len=24,40", "batch=3", *FAST, f"hydra.sweep.dir={tmp_path}"])
+    """Two cells laid out as a multirun's (in this process: the CLI's multirun is test_card_multirun's)."""
+    for n, seq_len in enumerate((24, 40)):
+        (tmp_path / str(n) / ".hydra").mkdir(parents=True)
+        run_in_process(["data=synthetic", f"seq_len={seq_len}", "batch=3", *FAST], tmp_path / str(n))
+    write_report(tmp_path)
     for cell_dir in (tmp_path / "0", tmp_path / "1"):
         r, steps = read_result(cell_dir), read_steps(cell_dir)
         seq_len, batch = r["config"]["seq_len"], r["config"]["batch"]

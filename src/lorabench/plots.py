@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import textwrap
+from statistics import mean
 from pathlib import Path
 
 import matplotlib
@@ -201,8 +202,9 @@ def bottleneck(results, axes_, cfg, out_dir) -> Path | None:
 
 def heatmaps(results, axes_, cfg, out_dir) -> Path | None:
     """A 2-D sweep (seq_len x batch, backend x checkpoint fraction ...) as two heatmaps, non-pad
-    tokens/s and peak memory, one row of them per GPU option when the sweep also varies the GPU."""
-    grid_axes = [a for a in axes_ if a != "gpu"]
+    tokens/s and peak memory, one row of them per GPU option when the sweep also varies the GPU.
+    Repeated cells (train.seed) are one square: the mean of the repeats that ended ok."""
+    grid_axes = [a for a in axes_ if a not in ("gpu", "train.seed")]
     if len(grid_axes) != 2:
         return None
     ya, xa = grid_axes
@@ -213,27 +215,32 @@ def heatmaps(results, axes_, cfg, out_dir) -> Path | None:
     fig, axs = plt.subplots(len(facets), 2, figsize=(4 + 1.6 * len(xs), 1.3 + (0.45 * len(ys) + 0.9) * len(facets)),
                             layout="constrained", squeeze=False)
     for row, facet in zip(axs, facets):
-        cells = {(repr(value(r, ya)), repr(value(r, xa))): r for r in results
-                 if facet is None or value(r, "gpu") == facet}
+        cells = {}
+        for r in results:
+            if facet is None or value(r, "gpu") == facet:
+                cells.setdefault((repr(value(r, ya)), repr(value(r, xa))), []).append(r)
         for ax, key, fmt, what in ((row[0], TOK, "{:,.0f}", "non-pad tok/s"),
                                    (row[1], "mem/peak_reserved_gib", "{:.1f}", "peak resv GiB")):
-            data = [[(cells.get((repr(y), repr(x))) or CellResult(Status.running, "")).metrics.get(key)
-                     for x in xs] for y in ys]
-            shown = [[v if v is not None else math.nan for v in line] for line in data]
-            ax.imshow(shown, cmap="viridis" if key == TOK else "magma_r", aspect="auto")
-            for i, y in enumerate(ys):
-                for j, x in enumerate(xs):
-                    r = cells.get((repr(y), repr(x)))
-                    v = data[i][j]
-                    text = fmt.format(v) if v is not None and r is not None and r.ok else (
-                        r.status.value if r is not None else "-")
-                    ax.text(j, i, text, ha="center", va="center", fontsize=7, color="w" if r and r.ok else "k")
+            heat_panel(ax, [[cells.get((repr(y), repr(x)), []) for x in xs] for y in ys], key, fmt)
             ax.set_xticks(range(len(xs)), [str(x) for x in xs], fontsize=8)
             ax.set_yticks(range(len(ys)), [str(y) for y in ys], fontsize=8)
             xlabel(ax, names[xa])
             ax.set_ylabel(names[ya])
             ax.set_title(what + (f", gpu={facet}" if facet is not None else ""), fontsize=9)
     return _save(fig, out_dir, "heatmap", f"{names[ya]} x {names[xa]}", results)
+
+
+def heat_panel(ax, grid: list[list[list[CellResult]]], key: str, fmt: str) -> None:
+    """One heatmap: each square the mean of its ok cells' `key`, or the status of its cells in words."""
+    means = [[mean(vals) if (vals := [r.metrics[key] for r in cell if r.ok and key in r.metrics]) else None
+              for cell in line] for line in grid]
+    ax.imshow([[math.nan if v is None else v for v in line] for line in means],
+              cmap="viridis" if key == TOK else "magma_r", aspect="auto")
+    for i, line in enumerate(grid):
+        for j, cell in enumerate(line):
+            v = means[i][j]
+            text = fmt.format(v) if v is not None else (cell[0].status.value if cell else "-")
+            ax.text(j, i, text, ha="center", va="center", fontsize=7, color="w" if v is not None else "k")
 
 
 def knobs(results, axes_, cfg, out_dir) -> Path | None:
