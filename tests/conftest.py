@@ -43,13 +43,67 @@ def run_in_process(overrides, run_dir, **ctx):
     return run_cell(compose_cfg(overrides), ctx)
 
 
-def run_cli(script, args, cwd=REPO, check=True, env=None):
-    """Run train.py / bench.py as a user would, in a subprocess."""
-    proc = subprocess.run([sys.executable, str(REPO / script), *args], cwd=cwd, capture_output=True,
-                          text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}, timeout=600)
+def run_cli(script, args, cwd=REPO, check=True, env=None, fresh=False):
+    """Run train.py / bench.py as a user would: `python <script> <args>`, its own process, exit code
+    and output. By default the process is forked from this one (os.fork), which has torch,
+    transformers and PEFT imported already: 8 s of imports saved per command on this machine's
+    CPUs. `fresh=True` starts a new interpreter, for what happens at import (a library's warning)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    argv = [str(REPO / script), *args]
+    if fresh or not hasattr(os, "fork"):
+        proc = subprocess.run([sys.executable, *argv], cwd=cwd, capture_output=True, text=True, env=env, timeout=600)
+    else:
+        proc = run_forked(argv, cwd, env)
     if check and proc.returncode != 0:
         raise AssertionError(f"{script} {args} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
     return proc
+
+
+def run_forked(argv, cwd, env, timeout=600):
+    """argv[0] run as __main__ in a forked child, as `python argv...` would run it: its stdout and
+    stderr, and its exit code (SystemExit's, 1 for an uncaught exception)."""
+    import runpy
+    import time
+    import traceback
+
+    out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 1
+        try:
+            os.dup2(out.fileno(), 1)
+            os.dup2(err.fileno(), 2)
+            sys.stdout, sys.stderr = open(1, "w", buffering=1, closefd=False), open(2, "w", buffering=1, closefd=False)
+            os.chdir(cwd)
+            os.environ.clear()
+            os.environ.update(env)
+            sys.argv = list(argv)
+            from hydra.core.global_hydra import GlobalHydra
+
+            GlobalHydra.instance().clear()
+            runpy.run_path(argv[0], run_name="__main__")
+            code = 0
+        except SystemExit as e:
+            if isinstance(e.code, str):
+                print(e.code, file=sys.stderr)
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    deadline = time.time() + timeout
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0:
+        if time.time() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            raise subprocess.TimeoutExpired(argv, timeout)
+        time.sleep(0.05)
+    code = os.waitstatus_to_exitcode(done[1])
+    out.seek(0)
+    err.seek(0)
+    return subprocess.CompletedProcess(argv, code, out.read().decode(errors="replace"), err.read().decode(errors="replace"))
 
 
 def read_result(run_dir: Path) -> dict:

@@ -182,7 +182,7 @@ def test_bad_value_fails_the_cell_with_its_exit_code_and_one_line(tmp_path, capf
 
 
 def test_a_failed_single_run_exits_2_with_one_line(tmp_path):
-    proc = run_cli("train.py", ["seq_len=-5", f"hydra.run.dir={tmp_path}"], check=False)
+    proc = run_cli("train.py", ["seq_len=-5", f"hydra.run.dir={tmp_path}"], check=False, fresh=True)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "seq_len must be > 0, got -5" in proc.stderr and "Failed to load CPU" not in proc.stderr  # quiet console
 

@@ -16,7 +16,7 @@ from lorabench.report import write_report
 def default_run(tmp_path_factory):
     """`python train.py` exactly as README's first command runs it (only the run dir is moved)."""
     run_dir = tmp_path_factory.mktemp("default")
-    proc = run_cli("train.py", [f"hydra.run.dir={run_dir}"])
+    proc = run_cli("train.py", [f"hydra.run.dir={run_dir}"], fresh=True)  # a new interpreter: its console is checked
     return run_dir, proc
 
 
