@@ -143,3 +143,17 @@ window.addEventListener('load', () => { const imgs = [...document.images];
     subprocess.run([chromium(), *flags, f"--screenshot={shot}", "--window-size=1300,2000", probe.as_uri()],
                    capture_output=True, timeout=120)
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000  # a page, not a blank
+
+
+def test_a_report_that_fails_to_render_leaves_the_previous_one_whole(tmp_path, monkeypatch):
+    d = sweep_dir(tmp_path, [cell(n, b, 8, 1) for n, b in enumerate(BACKENDS)])
+    write_report(d)
+    before = {f: (d / f).read_bytes() for f in ("report.html", "results.md", "results.csv")}
+
+    def broken(*a, **k):
+        raise RuntimeError("a plot that cannot be drawn")
+
+    monkeypatch.setattr("lorabench.report.make_plots", broken)
+    with pytest.raises(RuntimeError, match="cannot be drawn"):
+        write_report(d)
+    assert {f: (d / f).read_bytes() for f in before} == before and not list(d.glob(".*.tmp"))

@@ -59,6 +59,17 @@ def test_kill_then_rerun_resumes_exactly(tmp_path, expected):
     assert losses(killed) == expected  # bit for bit, on CPU
 
 
+def test_a_rerun_after_a_kill_before_any_checkpoint_starts_one_fresh_history(tmp_path, expected):
+    """What kill -9 leaves before the first checkpoint: steps.jsonl with some steps, no result, no
+    checkpoint. The same command again trains from step 1 and the file holds that run alone."""
+    run_dir = tmp_path / "killed_early"
+    run_dir.mkdir()
+    (run_dir / "steps.jsonl").write_text("".join(json.dumps({"step": n, "loss": 9.0}) + "\n" for n in (1, 2, 3)))
+    r = run_in_process(COMMON, run_dir)
+    assert r.ok and r.resumed_from_step is None
+    assert [s["step"] for s in read_steps(run_dir)] == list(range(1, STEPS + 1)) and losses(run_dir) == expected
+
+
 def test_sigterm_then_rerun_resumes_exactly_and_a_finished_cell_is_not_rerun(tmp_path, expected, capsys):
     # SIGTERM without periodic checkpoints: one is written at the end of the current step
     termed = tmp_path / "termed"

@@ -1,7 +1,6 @@
 """End to end on the CPU with the tiny Mistral: the default task learns, results hold the right
 numbers, the card's multirun leaves one result per cell, and failed cells are recorded."""
 
-import json
 import math
 import shutil
 
@@ -118,6 +117,8 @@ def test_synthetic_tokens_count_exactly_and_a_partial_sweep_still_reports(tmp_pa
     md = (tmp_path / "results.md").read_text()
     assert md == out.markdown + "\n"
     assert md.count("| ok |") == 1 and "No result (incomplete): 1" in md and "seq_len=24" in md
+    rows = (tmp_path / "results.csv").read_text().splitlines()
+    assert len(rows) == 3 and rows[-1].startswith("1,1,incomplete,")  # the killed cell has its row
 
 
 @pytest.mark.parametrize("override,message", [

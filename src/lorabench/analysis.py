@@ -176,15 +176,18 @@ def metrics_table(results: list[CellResult]) -> str:
                     [[k, *[fmt(r.metrics.get(k)) for r in results]] for k in keys])
 
 
-def frame(results: list[CellResult], cfg: ReportConfig) -> pd.DataFrame:
+def frame(results: list[CellResult], cfg: ReportConfig, incomplete: list[Path] = ()) -> pd.DataFrame:
     """results.csv: one row per cell: its name, status and whole error, a column per config key a
-    user sweeps, then every metric (energy derived from NVML's counter)."""
+    user sweeps, then every metric (energy derived from NVML's counter). A cell dir without a
+    result (killed, or still running) has its row too, status "incomplete"."""
     rows = []
     for r in results:
         flat = flatten(r.config)
         conf = {col: (",".join(v) if isinstance(v := flat.get(key), tuple) else v) for col, key in CONFIG_COLUMNS.items()}
         rows.append({"job_num": r.job_num, "cell": r.cell, "status": r.status.value, "error": r.error, **conf,
                      **r.metrics, **energy(r.metrics, cfg)})
+    rows += [{"job_num": int(p.name) if p.name.isdigit() else p.name, "cell": p.name, "status": "incomplete",
+              "error": "no readable metrics.json: the cell was killed, or is still running"} for p in incomplete]
     return pd.DataFrame(rows)
 
 

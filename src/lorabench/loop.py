@@ -78,6 +78,8 @@ def _measure(c: Config, run_dir: Path, result: CellResult, logger: MetricLogger,
         atomic_write_text(steps_file, "".join(json.dumps(s) + "\n" for s in earlier))
         result.resumed_from_step = done
         log.info("resuming from %s (%d step records kept)", last, len(earlier))
+    else:  # a run killed before its first checkpoint starts afresh: one history per file, never two
+        steps_file.unlink(missing_ok=True)
     meter = StepMeter(device, untimed, steps_file, sampler, logger.log_step, earlier_steps=earlier)
     preemption = Preemption()
     callbacks = [meter, preemption] + ([ProgressBar(c.train.max_steps, meter)] if rank == 0 else [])

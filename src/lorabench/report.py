@@ -77,7 +77,7 @@ def write_report(sweep_dir: Path, cfg: ReportConfig | None = None) -> Report:
     md += "".join(f"\n\n{n}" for n in notes) + "".join(f"\n\n{t}:\n\n{tab}" for t, tab in extra.items())
     plots = make_plots(results, cfg, sweep_dir / "plots", curves, grid)
     files = {"results.md": md + "\n",
-             "results.csv": an.frame(results, cfg).to_csv(index=False),
+             "results.csv": an.frame(results, cfg, incomplete).to_csv(index=False),
              "report.html": page(sweep_dir, results, axes_, notes, extra, plots, cfg)}
     for name, text in files.items():
         atomic_write_text(sweep_dir / name, text)
