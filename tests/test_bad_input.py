@@ -205,6 +205,23 @@ def test_a_report_baseline_that_names_no_cell_stops_in_preflight(tmp_path):
     assert not list(tmp_path.glob("[0-9]*"))
 
 
+def test_hub_ids_with_offline_mode_off_and_no_network_fail_in_seconds(tmp_path, monkeypatch):
+    """HF_HUB_OFFLINE=0 on a machine without a route to the hub: one line naming the id and the
+    setting within 15 s (the loaders' retries took 77 s), before any data or model is built."""
+    import time
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "0")
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there: no network, for sure
+    for overrides, words in ((["model.path=mistralai/Mistral-7B-v0.3"], ["model.path='mistralai/Mistral-7B-v0.3'"]),
+                             (["data=hf", "data.path=org/no-such-set"], ["data.path='org/no-such-set'"])):
+        t0 = time.time()
+        r = run_in_process([*FAST, *overrides], tmp_path / overrides[-1].split("=")[0])
+        assert time.time() - t0 < 15 and r.exit_code == 2 and r.model is None
+        for w in [*words, "=0 is set", "did not answer"]:
+            assert w in r.error, (w, r.error)
+
+
 def test_bench_report_of_a_file_says_it_is_a_file(tmp_path):
     f = tmp_path / "results.csv"
     f.write_text("x\n")
