@@ -47,10 +47,11 @@ def run_cli(script, args, cwd=REPO, check=True, env=None, fresh=False):
     """Run train.py / bench.py as a user would: `python <script> <args>`, its own process, exit code
     and output. By default the process is forked from this one (os.fork), which has torch,
     transformers and PEFT imported already: 8 s of imports saved per command on this machine's
-    CPUs. `fresh=True` starts a new interpreter, for what happens at import (a library's warning)."""
+    CPUs. `fresh=True` starts a new interpreter, for what happens at import (a library's warning);
+    so does a process that has used CUDA (a forked child cannot)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     argv = [str(REPO / script), *args]
-    if fresh or not hasattr(os, "fork"):
+    if fresh or not hasattr(os, "fork") or torch.cuda.is_initialized():  # CUDA does not survive a fork
         proc = subprocess.run([sys.executable, *argv], cwd=cwd, capture_output=True, text=True, env=env, timeout=600)
     else:
         proc = run_forked(argv, cwd, env)
