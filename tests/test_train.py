@@ -90,6 +90,10 @@ def test_card_multirun_leaves_one_result_per_cell(tmp_path):
         assert {f"batch={cfg['batch']}", f"seq_len={cfg['seq_len']}"} <= set(r["cell"].split(","))
         cells[(cfg["seq_len"], cfg["batch"])] = r
     assert set(cells) == {(512, 4), (512, 8), (1024, 4), (1024, 8)}
+    # each cell's dir also by its name: the keys that differ (the constant ones left out)
+    linked = {p.name: p.resolve().name for p in (tmp_path / "by_name").iterdir()}
+    assert linked == {"batch=4,seq_len=512": "0", "batch=8,seq_len=512": "1", "batch=4,seq_len=1024": "2",
+                      "batch=8,seq_len=1024": "3"}, linked
     table = (tmp_path / "results.md").read_text()
     assert table.count("| ok |") == 4 and "samples/s is not comparable" in table
     assert len((tmp_path / "results.csv").read_text().splitlines()) == 5

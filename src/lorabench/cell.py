@@ -48,6 +48,21 @@ def finished(result_file: Path) -> CellResult | None:
     return previous if previous.ok else None
 
 
+def name_link(ctx: RunContext) -> None:
+    """In a multirun: <sweep dir>/by_name/<cell name> -> ../<n>, so a cell's dir can be found by what
+    sets it apart (backend=fast,batch=16) while the dirs stay numbered in launch order (stable across a
+    requeue, and what tools and Kubernetes Jobs address)."""
+    if not ctx.multirun:
+        return
+    link = ctx.sweep_dir / "by_name" / ctx.name.replace("/", "_")
+    link.parent.mkdir(exist_ok=True)
+    if not link.is_symlink():
+        try:
+            link.symlink_to(Path("..") / ctx.run_dir.relative_to(ctx.sweep_dir))
+        except (OSError, ValueError):
+            pass  # a file system without links, or a run dir outside the sweep dir: the numbers remain
+
+
 def announce(ctx: RunContext) -> None:
     """In a multirun: which cell of how many this is, and an estimate of the time left from the
     cells already done (their whole wall time, model loads included)."""
@@ -83,6 +98,7 @@ def run(cfg: DictConfig, ctx: RunContext, measure: Measure, job_type: str = "tra
                 result_file = run_dir / f"node{node}.json"
         except ValueError:
             pass  # no node index: the launch fails with the reason, as node 0
+    name_link(ctx)
     announce(ctx)
     logger: MetricLogger = NullLogger()
     t_start = time.perf_counter()

@@ -234,13 +234,15 @@ def heat_panel(ax, grid: list[list[list[CellResult]]], key: str, fmt: str) -> No
     """One heatmap: each square the mean of its ok cells' `key`, or the status of its cells in words."""
     means = [[mean(vals) if (vals := [r.metrics[key] for r in cell if r.ok and key in r.metrics]) else None
               for cell in line] for line in grid]
-    ax.imshow([[math.nan if v is None else v for v in line] for line in means],
-              cmap="viridis" if key == TOK else "magma_r", aspect="auto")
+    image = ax.imshow([[math.nan if v is None else v for v in line] for line in means],
+                      cmap="viridis" if key == TOK else "magma_r", aspect="auto")
     for i, line in enumerate(grid):
         for j, cell in enumerate(line):
             v = means[i][j]
             text = fmt.format(v) if v is not None else (cell[0].status.value if cell else "-")
-            ax.text(j, i, text, ha="center", va="center", fontsize=7, color="w" if v is not None else "k")
+            r, g, b, _ = image.cmap(image.norm(v)) if v is not None else (1, 1, 1, 1)
+            dark = 0.299 * r + 0.587 * g + 0.114 * b < 0.5  # the square's luminance: light text on dark only
+            ax.text(j, i, text, ha="center", va="center", fontsize=7, color="w" if dark else "k")
 
 
 def knobs(results, axes_, cfg, out_dir) -> Path | None:
