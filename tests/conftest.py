@@ -51,7 +51,7 @@ def run_cli(script, args, cwd=REPO, check=True, env=None, fresh=False):
     so does a process that has used CUDA (a forked child cannot)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     argv = [str(REPO / script), *args]
-    if fresh or not hasattr(os, "fork") or torch.cuda.is_initialized():  # CUDA does not survive a fork
+    if fresh:
         proc = subprocess.run([sys.executable, *argv], cwd=cwd, capture_output=True, text=True, env=env, timeout=600)
     else:
         proc = run_forked(argv, cwd, env)
@@ -60,29 +60,40 @@ def run_cli(script, args, cwd=REPO, check=True, env=None, fresh=False):
     return proc
 
 
-def run_forked(argv, cwd, env, timeout=600):
-    """argv[0] run as __main__ in a forked child, as `python argv...` would run it: its stdout and
-    stderr, and its exit code (SystemExit's, 1 for an uncaught exception)."""
-    import runpy
-    import time
-    import traceback
+class Forked:
+    """argv[0] run as __main__ in a forked child, as `python argv...` would run it (a Popen-like
+    handle: pid, poll, wait, returncode): the exit code is SystemExit's, 1 for an uncaught exception,
+    minus the signal's number for a killed child; stdout and stderr are kept in files."""
 
-    out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
+    def __init__(self, argv, cwd=REPO, env=None):
+        self.argv, self.returncode, self._popen = list(argv), None, None
+        self._out, self._err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+        if torch.cuda.is_initialized():  # CUDA does not survive a fork: a new interpreter then
+            self._popen = subprocess.Popen([sys.executable, *self.argv], cwd=cwd, env={**os.environ, **(env or {})},
+                                           stdout=self._out, stderr=self._err)
+            self.pid = self._popen.pid
+            return
+        self.pid = os.fork()
+        if self.pid == 0:  # the child: never returns into pytest
+            self._child(cwd, {**os.environ, **(env or {})})
+
+    def _child(self, cwd, env):
+        import runpy
+        import traceback
+
         code = 1
         try:
-            os.dup2(out.fileno(), 1)
-            os.dup2(err.fileno(), 2)
+            os.dup2(self._out.fileno(), 1)
+            os.dup2(self._err.fileno(), 2)
             sys.stdout, sys.stderr = open(1, "w", buffering=1, closefd=False), open(2, "w", buffering=1, closefd=False)
             os.chdir(cwd)
             os.environ.clear()
             os.environ.update(env)
-            sys.argv = list(argv)
+            sys.argv = list(self.argv)
             from hydra.core.global_hydra import GlobalHydra
 
             GlobalHydra.instance().clear()
-            runpy.run_path(argv[0], run_name="__main__")
+            runpy.run_path(self.argv[0], run_name="__main__")
             code = 0
         except SystemExit as e:
             if isinstance(e.code, str):
@@ -94,17 +105,35 @@ def run_forked(argv, cwd, env, timeout=600):
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
-    deadline = time.time() + timeout
-    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0:
-        if time.time() > deadline:
-            os.kill(pid, 9)
-            os.waitpid(pid, 0)
-            raise subprocess.TimeoutExpired(argv, timeout)
-        time.sleep(0.05)
-    code = os.waitstatus_to_exitcode(done[1])
-    out.seek(0)
-    err.seek(0)
-    return subprocess.CompletedProcess(argv, code, out.read().decode(errors="replace"), err.read().decode(errors="replace"))
+
+    def poll(self):
+        if self._popen is not None:
+            self.returncode = self._popen.poll()
+        elif self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout=600):
+        import time
+
+        deadline = time.time() + timeout
+        while self.poll() is None:
+            if time.time() > deadline:
+                os.kill(self.pid, 9)
+                raise subprocess.TimeoutExpired(self.argv, timeout)
+            time.sleep(0.05)
+        return self.returncode
+
+    def output(self) -> tuple[str, str]:
+        return tuple(f.seek(0) or f.read().decode(errors="replace") for f in (self._out, self._err))
+
+
+def run_forked(argv, cwd, env, timeout=600):
+    child = Forked(argv, cwd, env)
+    code = child.wait(timeout)
+    return subprocess.CompletedProcess(argv, code, *child.output())
 
 
 def read_result(run_dir: Path) -> dict:

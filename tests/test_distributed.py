@@ -62,24 +62,21 @@ def test_two_node_cell_matches_one_process_at_the_doubled_batch(tmp_path):
     127.0.0.1) in one shared run dir, as a Kubernetes Indexed Job or a 2-node SLURM job would run
     them: node 0 writes the result for both ranks, node 1 only node1.json; same losses as 1 process
     at batch 4 within 1e-4."""
-    import os
     import socket
-    import subprocess
     import sys
 
-    from conftest import REPO, read_result
+    from conftest import REPO, Forked, read_result
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cmd = [sys.executable, str(REPO / "train.py"), *COMMON, "batch=2", "train.nnodes=2",
            f"hydra.run.dir={tmp_path / 'two'}"]
-    procs = [subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                              env={**os.environ, "LORABENCH_NODE_RANK": str(node), "MASTER_ADDR": "127.0.0.1",
-                                   "MASTER_PORT": str(port)})
+    procs = [Forked(cmd[1:], env={"LORABENCH_NODE_RANK": str(node), "MASTER_ADDR": "127.0.0.1",
+                                  "MASTER_PORT": str(port)})  # two processes of their own, as two nodes
              for node in (0, 1)]
     for p in procs:
-        assert p.wait(timeout=120) == 0, p.stderr.read()[-3000:]
+        assert p.wait(timeout=120) == 0, p.output()[1][-3000:]
     one = run_in_process([*COMMON, "batch=4"], tmp_path / "one")
     two = read_result(tmp_path / "two")
     assert two["status"] == "ok", two.get("error")

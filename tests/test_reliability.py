@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from conftest import REPO, read_result, read_steps, run_in_process
+from conftest import Forked, REPO, read_result, read_steps, run_in_process
 
 # Dropout on (the tiny default): the RNG states in the checkpoint are part of what must come back.
 STEPS = 20
@@ -19,8 +19,7 @@ COMMON = [f"train.max_steps={STEPS}", "train.timing_warmup_steps=2", "data.max_s
 
 def start_and_stop(run_dir, extra, after_steps, sig):
     """train.py in a subprocess, sent `sig` once steps.jsonl holds `after_steps` lines."""
-    proc = subprocess.Popen([sys.executable, str(REPO / "train.py"), *COMMON, *extra, f"hydra.run.dir={run_dir}"],
-                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = Forked([str(REPO / "train.py"), *COMMON, *extra, f"hydra.run.dir={run_dir}"])  # its own process
     steps = run_dir / "steps.jsonl"
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:
