@@ -122,3 +122,13 @@ def test_loading_reads_real_weights_from_a_local_path(tmp_path):
     assert r.status.value == "ok" and r.model["weights"] == str(tmp_path / "ckpt")
     missing = run_bench(["suite=loading", f"model.path={tmp_path / 'nope'}"], tmp_path / "run2")
     assert missing.status.value == "failed" and "no such directory" in missing.error
+
+
+def test_a_bench_multirun_with_a_failed_cell_exits_2(tmp_path):
+    """bench.py's multiruns keep train.py's contract: every cell recorded, the table written, the
+    failed one named in the last line, exit code 2 (nf4 needs CUDA: refused on this CPU)."""
+    proc = run_cli("bench.py", ["-m", "suite=loading", "precision=fp32,nf4", f"hydra.sweep.dir={tmp_path}"],
+                   check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == "cells: 2 = 1 ok, 1 failed; not measured: 1 (precision=nf4): failed"
+    assert "load/seconds" in (tmp_path / "results.md").read_text()
