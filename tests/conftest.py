@@ -39,7 +39,7 @@ def run_in_process(overrides, run_dir, **ctx):
     from lorabench.results import RunContext
     from lorabench.train import run_cell
 
-    ctx = RunContext(run_dir=Path(run_dir), name=",".join(overrides) or "defaults", overrides=list(overrides), **ctx)
+    ctx = RunContext(run_dir=Path(run_dir), name=",".join(overrides) or "defaults", **ctx)
     return run_cell(compose_cfg(overrides), ctx)
 
 

@@ -20,7 +20,7 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from lorabench.analysis import (TOK, axes, baseline, constants, energy, knob_effects, label, money,  # noqa: E402
+from lorabench.analysis import (TOK, baseline, constants, energy, knob_effects, label, money,  # noqa: E402
                                 ok_cells, projection, short_names, value)
 from lorabench.config import ReportConfig  # noqa: E402
 from lorabench.metrics import CATEGORIES  # noqa: E402
@@ -309,12 +309,12 @@ def fit(results, axes_, cfg, out_dir, grid) -> Path | None:
     return _save(fig, out_dir, "fit", "What fits (peak reserved memory)", results)
 
 
-def make_plots(results: list[CellResult], cfg: ReportConfig, out_dir: Path, curves=None, grid=None) -> dict[str, Path]:
-    """Every figure that the sweep has data for: {name: path}."""
+def make_plots(results: list[CellResult], axes_: list[str], cfg: ReportConfig, out_dir: Path, curves=None,
+               grid=None) -> dict[str, Path]:
+    """Every figure that the sweep has data for (axes_: analysis.axes of these results): {name: path}."""
     out_dir.mkdir(parents=True, exist_ok=True)
     if not any(TOK in r.metrics for r in results):
         return {}  # bench cells: their numbers are in the tables
-    axes_ = axes(results)
     paths = [f(results, axes_, cfg, out_dir) for f in (throughput, heatmaps, speedup, memory, cost,
                                                        cost_vs_throughput, projection_plot, energy_plot,
                                                        bottleneck, knobs)]

@@ -75,7 +75,7 @@ def write_report(sweep_dir: Path, cfg: ReportConfig | None = None) -> Report:
     shared = an.constants(results)
     md = (f"All cells: {shared}.\n\n" if shared else "") + an.cells_table(results, axes_, cfg)
     md += "".join(f"\n\n{n}" for n in notes) + "".join(f"\n\n{t}:\n\n{tab}" for t, tab in extra.items())
-    plots = make_plots(results, cfg, sweep_dir / "plots", curves, grid)
+    plots = make_plots(results, axes_, cfg, sweep_dir / "plots", curves, grid)
     files = {"results.md": md + "\n",
              "results.csv": an.frame(results, cfg, incomplete).to_csv(index=False),
              "report.html": page(sweep_dir, results, axes_, notes, extra, plots, cfg)}

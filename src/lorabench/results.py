@@ -63,7 +63,6 @@ class RunContext:
     name: str = "defaults"  # the cell's name: the overrides that set it apart (see cell_name)
     job_num: int = 0
     sweep_dir: Optional[Path] = None  # set in a multirun
-    overrides: list = field(default_factory=list)
     choices: dict = field(default_factory=dict)  # the option of each config group: {"backend": "fast"}
 
     @property
@@ -83,10 +82,10 @@ class RunContext:
         overrides = list(hc.overrides.task)
         choices = {k: v for k, v in hc.runtime.choices.items() if not k.startswith("hydra/") and v is not None}
         if hc.mode != RunMode.MULTIRUN:
-            return cls(Path(hc.runtime.output_dir), hc.job.override_dirname or "defaults", 0, None, overrides, choices)
+            return cls(Path(hc.runtime.output_dir), hc.job.override_dirname or "defaults", 0, None, choices)
         sweep_dir = Path(hc.sweep.dir)
         return cls(Path(hc.runtime.output_dir), cell_name(overrides, read_cells(sweep_dir), hc.job.override_dirname),
-                   hc.job.num, sweep_dir, overrides, choices)
+                   hc.job.num, sweep_dir, choices)
 
 
 def read_cells(sweep_dir: Path) -> list[list[str]]:
