@@ -29,7 +29,7 @@ def finite_positive(metrics, prefix):
 
 
 def test_hardware_suite(tmp_path):
-    r = run_bench(["suite=hardware", "hardware.sizes=[64,128]", "hardware.copy_mib=8", "hardware.repeats=3"], tmp_path)
+    r = run_bench(["suite=hardware", "hardware.sizes=[64,128]", "hardware.copy_mib=8", "hardware.tokens=[64]", "hardware.elementwise_mib=4", "hardware.rep_ms=5"], tmp_path)
     assert r.status.value == "ok", r.error
     m = finite_positive(read_result(tmp_path)["metrics"], "hw/")
     for dtype in ("bf16", "fp16", "tf32", "fp32"):

@@ -29,9 +29,10 @@ from tqdm.auto import tqdm
 
 from lorabench import cell, modeling
 from lorabench.checks import check_model_path, check_precision
-from lorabench.config import BenchConfig, Suite
+from lorabench.config import BenchConfig, HardwareConfig, ModelConfig, Suite
 from lorabench.devices import setup_device, sync
 from lorabench.loggers import MetricLogger
+from lorabench.meter import NvmlSampler
 from lorabench.report import write_report
 from lorabench.results import CellResult, RunContext
 
@@ -40,7 +41,8 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch.float32, 
 
 class Timer:
     """Times a callable on `device`: CUDA events around each call on a GPU, perf_counter on a CPU.
-    Warmup calls first (kernel selection, allocator), then the median of `repeats` calls, in seconds."""
+    Warmup calls first (kernel selection, allocator), then the median of `repeats` calls, in seconds.
+    For generate(), whose inputs must be fresh each call (the inference suite)."""
 
     def __init__(self, device: torch.device, warmup: int, repeats: int):
         self.device, self.warmup, self.repeats = device, warmup, repeats
@@ -66,14 +68,113 @@ class Timer:
         return statistics.median(times)
 
 
+def median_s(fn, device: torch.device, h: HardwareConfig) -> float:
+    """Seconds per call of fn(): on a GPU triton.testing.do_bench (CUDA events, the L2 cache flushed
+    before every call, `warmup_ms` of warmup, then calls for `rep_ms`, the median); on a CPU
+    torch.utils.benchmark's blocked_autorange for at least `rep_ms` (the median of its blocks)."""
+    if device.type == "cuda":
+        from triton.testing import do_bench
+
+        return do_bench(fn, warmup=h.warmup_ms, rep=h.rep_ms, return_mode="median") / 1e3
+    from torch.utils import benchmark
+
+    fn()  # warmup: allocator, first-call dispatch
+    return benchmark.Timer(stmt="fn()", globals={"fn": fn}).blocked_autorange(min_run_time=h.rep_ms / 1e3).median
+
+
 def fraction(measured: float, datasheet) -> float | None:
     return measured / datasheet if datasheet else None
+
+
+def layer_gemms(m: ModelConfig) -> list[tuple[int, int, int]]:
+    """(in features, out features, times per step) of every frozen base linear layer a LoRA step
+    multiplies by: q, k, v, o, gate, up, down in each decoder layer, and the output head once."""
+    h, q, kv, ff = m.hidden_size, m.num_attention_heads * m.head_dim, m.num_key_value_heads * m.head_dim, \
+        m.intermediate_size
+    n = m.num_hidden_layers
+    return [(h, q, n), (h, kv, 2 * n), (q, h, n), (h, ff, 2 * n), (ff, h, n), (h, m.vocab_size, 1)]
+
+
+def gemm_rate(device: torch.device, h: HardwareConfig, m: ModelConfig, tokens: int, dtype) -> float:
+    """TFLOP/s over one step's matrix products at `tokens` rows (batch x seq_len): each base
+    layer's forward product [tokens, in] x [in, out] and its input-gradient product [tokens, out] x
+    [out, in], weighted by how often a step runs it: total FLOPs over total time."""
+    flops = seconds = 0.0
+    for d_in, d_out, times in layer_gemms(m):
+        w = torch.randn(d_out, d_in, device=device, dtype=dtype) / d_in**0.5
+        x = torch.randn(tokens, d_in, device=device, dtype=dtype)
+        g = torch.randn(tokens, d_out, device=device, dtype=dtype)
+        fwd = median_s(lambda: torch.nn.functional.linear(x, w), device, h)
+        bwd = median_s(lambda: torch.mm(g, w), device, h)
+        flops += times * 2 * (2 * tokens * d_in * d_out)  # two products of tokens x in x out multiply-adds
+        seconds += times * (fwd + bwd)
+        del w, x, g
+    return flops / seconds / 1e12
+
+
+def launch_us(device: torch.device, n: int = 2000) -> float:
+    """Microseconds per back-to-back launch of a one-element op (the host's dispatch and launch
+    cost, or the device's smallest kernel, whichever is longer): the floor of a step made of many
+    small kernels, set by the host's CPU as much as by the GPU. The median of three rounds."""
+    x = torch.zeros(1, device=device)
+    rounds = []
+    for _ in range(4):
+        sync(device)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            x.add_(1)
+        sync(device)
+        rounds.append((time.perf_counter() - t0) / n * 1e6)
+    return statistics.median(rounds[1:])  # the first round warms up
 
 
 def hardware(c: BenchConfig, ctx: RunContext, result: CellResult, logger: MetricLogger) -> dict:
     device, gpu = setup_device(c.device, c.gpu, result)
     h = c.hardware
-    timer = Timer(device, h.warmup, h.repeats)
+    sampler = NvmlSampler(device) if device.type == "cuda" else None
+    if sampler:
+        sampler.start()  # clocks, power and temperature while the figures are taken
+    out = matmul_rates(device, h, gpu)
+    # What a LoRA step of the model multiplies (model=...): the figure lorabench.projection scales by.
+    for tokens in tqdm(h.tokens, desc="step GEMMs", unit="shape"):
+        out[f"hw/gemm_t{tokens}_tflops"] = gemm_rate(device, h, c.model, tokens, DTYPES["bf16"])
+        out[f"hw/gemm_t{tokens}_of_peak"] = fraction(out[f"hw/gemm_t{tokens}_tflops"], gpu.peak_bf16_tflops)
+
+    # Device memory: a copy reads and writes every byte once.
+    nbytes = h.copy_mib * 2**20
+    src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    out["hw/device_copy_gbs"] = 2 * nbytes / median_s(lambda: dst.copy_(src), device, h) / 1e9
+    out["hw/device_copy_of_peak"] = fraction(out["hw/device_copy_gbs"], gpu.memory_bandwidth_gbs)
+    del src, dst
+    # An activation-sized elementwise op (the norms, casts and adds between the matmuls): a bf16 add
+    # reads two tensors and writes one.
+    n = h.elementwise_mib * 2**20 // 2
+    a, b = (torch.randn(n, device=device, dtype=torch.bfloat16) for _ in range(2))
+    res = torch.empty_like(a)
+    out["hw/elementwise_gbs"] = 3 * 2 * n / median_s(lambda: torch.add(a, b, out=res), device, h) / 1e9
+    out["hw/elementwise_of_peak"] = fraction(out["hw/elementwise_gbs"], gpu.memory_bandwidth_gbs)
+    del a, b, res
+    out["hw/launch_us"] = launch_us(device)
+
+    if device.type == "cuda":  # the host link
+        nbytes = h.host_mib * 2**20
+        for pinned in (True, False):
+            host = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, pin_memory=pinned)
+            dev = torch.empty(nbytes, dtype=torch.uint8, device=device)
+            tag = "pinned" if pinned else "pageable"
+            out[f"hw/h2d_{tag}_gbs"] = nbytes / median_s(lambda: dev.copy_(host, non_blocking=pinned), device, h) / 1e9
+            out[f"hw/d2h_{tag}_gbs"] = nbytes / median_s(lambda: host.copy_(dev, non_blocking=pinned), device, h) / 1e9
+            for d in ("h2d", "d2h"):
+                out[f"hw/{d}_{tag}_of_peak"] = fraction(out[f"hw/{d}_{tag}_gbs"], gpu.host_link_gbs)
+            del host, dev
+        sampler.stop()
+        out.update(sampler.summary())
+    return out
+
+
+def matmul_rates(device: torch.device, h: HardwareConfig, gpu) -> dict:
+    """Square matmuls per dtype and size: TFLOP/s and the fraction of the datasheet peak."""
     peaks = {"bf16": gpu.peak_bf16_tflops, "fp16": gpu.peak_bf16_tflops, "tf32": gpu.peak_tf32_tflops,
              "fp32": gpu.peak_fp32_tflops}
     out = {}
@@ -85,35 +186,13 @@ def hardware(c: BenchConfig, ctx: RunContext, result: CellResult, logger: Metric
         for n in h.sizes:
             a = torch.randn(n, n, device=device, dtype=DTYPES[dtype])
             b = torch.randn(n, n, device=device, dtype=DTYPES[dtype])
-            s = timer(torch.mm, a, b)
-            tflops = 2 * n**3 / s / 1e12  # n^2 outputs, n multiply-adds each
+            tflops = 2 * n**3 / median_s(lambda: torch.mm(a, b), device, h) / 1e12  # n^2 outputs, n multiply-adds each
             out[f"hw/matmul_{dtype}_{n}_tflops"] = tflops
             out[f"hw/matmul_{dtype}_{n}_of_peak"] = fraction(tflops, peaks[dtype])
             del a, b
         best = max(out[f"hw/matmul_{dtype}_{n}_tflops"] for n in h.sizes)
         out[f"hw/matmul_{dtype}_best_tflops"], out[f"hw/matmul_{dtype}_best_of_peak"] = best, fraction(best, peaks[dtype])
     torch.backends.cuda.matmul.allow_tf32 = False
-
-    # Device memory: a copy reads and writes every byte once.
-    nbytes = h.copy_mib * 2**20
-    src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    s = timer(dst.copy_, src)
-    out["hw/device_copy_gbs"] = 2 * nbytes / s / 1e9
-    out["hw/device_copy_of_peak"] = fraction(out["hw/device_copy_gbs"], gpu.memory_bandwidth_gbs)
-    del src, dst
-
-    if device.type == "cuda":  # the host link
-        nbytes = h.host_mib * 2**20
-        for pinned in (True, False):
-            host = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, pin_memory=pinned)
-            dev = torch.empty(nbytes, dtype=torch.uint8, device=device)
-            tag = "pinned" if pinned else "pageable"
-            out[f"hw/h2d_{tag}_gbs"] = nbytes / timer(dev.copy_, host, non_blocking=pinned) / 1e9
-            out[f"hw/d2h_{tag}_gbs"] = nbytes / timer(host.copy_, dev, non_blocking=pinned) / 1e9
-            for d in ("h2d", "d2h"):
-                out[f"hw/{d}_{tag}_of_peak"] = fraction(out[f"hw/{d}_{tag}_gbs"], gpu.host_link_gbs)
-            del host, dev
     return out
 
 

@@ -411,10 +411,15 @@ class Suite(Enum):
 class HardwareConfig:
     sizes: List[int] = field(default_factory=lambda: [1024, 2048, 4096, 8192])  # square matmul sizes
     dtypes: List[str] = field(default_factory=lambda: ["bf16", "fp16", "tf32", "fp32"])
+    # Rows (batch x seq_len tokens) at which one LoRA step's matrix products are timed, with the
+    # shapes of the model group's layers (python bench.py suite=hardware model=mistral-7b-v0.3).
+    tokens: List[int] = field(default_factory=lambda: [2048, 4096, 8192, 16384])
     copy_mib: int = 1024  # device-to-device copy size
+    elementwise_mib: int = 64  # one operand of the elementwise add (a 4096-token x 4096 bf16 activation is 32 MiB)
     host_mib: int = 256  # host<->device copy size
-    warmup: int = 3
-    repeats: int = 10  # timings per measurement; the median is reported
+    # Each figure: warmup for warmup_ms, then calls for rep_ms; the median call is reported.
+    warmup_ms: int = 25
+    rep_ms: int = 100
 
 
 @dataclass

@@ -124,7 +124,8 @@ class StepMeter(TrainerCallback):
 
 
 class NvmlSampler:
-    """Samples utilisation, power, temperature and clocks of one GPU in a background thread.
+    """Samples utilisation, power, temperature, SM and memory clocks and power capping of one GPU in a
+    background thread; its summary adds the card's clock and power limits.
 
     The NVML handle is found by UUID: NVML numbers GPUs physically and ignores
     CUDA_VISIBLE_DEVICES, so cuda:0 is not always NVML index 0.
@@ -159,10 +160,34 @@ class NvmlSampler:
                     n.nvmlDeviceGetPowerUsage(self.handle) / 1000.0,  # mW -> W
                     n.nvmlDeviceGetTemperature(self.handle, n.NVML_TEMPERATURE_GPU),
                     n.nvmlDeviceGetClockInfo(self.handle, n.NVML_CLOCK_SM),
+                    n.nvmlDeviceGetClockInfo(self.handle, n.NVML_CLOCK_MEM),
+                    self._power_capped(),
                 ))
             except n.NVMLError:
                 pass
             self._stop.wait(self.interval_s)
+
+    def _power_capped(self) -> bool:
+        """Whether the clocks are held down by the power limit right now (software or hardware cap)."""
+        n = self.nvml
+        try:
+            reasons = n.nvmlDeviceGetCurrentClocksThrottleReasons(self.handle)
+        except (n.NVMLError, AttributeError):
+            return False
+        return bool(reasons & (n.nvmlClocksThrottleReasonSwPowerCap | n.nvmlClocksThrottleReasonHwSlowdown))
+
+    def limits(self) -> dict:
+        """The card's own ceilings, read once: clocks differ between machines of one model, and a
+        projection from one to another must know which it ran at."""
+        n, out = self.nvml, {}
+        for key, call in (("gpu/sm_clock_max_mhz", lambda: n.nvmlDeviceGetMaxClockInfo(self.handle, n.NVML_CLOCK_SM)),
+                          ("gpu/mem_clock_max_mhz", lambda: n.nvmlDeviceGetMaxClockInfo(self.handle, n.NVML_CLOCK_MEM)),
+                          ("gpu/power_limit_w", lambda: n.nvmlDeviceGetEnforcedPowerLimit(self.handle) / 1000.0)):
+            try:
+                out[key] = call()
+            except n.NVMLError:
+                pass
+        return out
 
     def start(self) -> None:
         self._energy0 = self._energy_mj()
@@ -178,10 +203,11 @@ class NvmlSampler:
     def summary(self) -> dict:
         if not self.samples:
             return {}
-        util, power, temp, sm = zip(*self.samples)
+        util, power, temp, sm, mem, capped = zip(*self.samples)
         out = {"gpu/util_mean_pct": sum(util) / len(util), "gpu/power_mean_w": sum(power) / len(power),
                "gpu/power_max_w": max(power), "gpu/temp_max_c": max(temp), "gpu/sm_clock_mean_mhz": sum(sm) / len(sm),
-               "gpu/nvml_samples": len(util)}
+               "gpu/sm_clock_min_mhz": min(sm), "gpu/mem_clock_mean_mhz": sum(mem) / len(mem),
+               "gpu/power_capped_frac": sum(capped) / len(capped), "gpu/nvml_samples": len(util), **self.limits()}
         if self._energy0 is not None and self._energy1 is not None:
             out["gpu/energy_j"] = (self._energy1 - self._energy0) / 1000.0
         return out
