@@ -71,7 +71,7 @@ def test_percentile_matches_numpy(q):
 
 
 @pytest.mark.parametrize("device_name,expected", [
-    ("NVIDIA A10", "a10"), ("NVIDIA A100-SXM4-80GB", "a100"), ("NVIDIA H100 80GB HBM3", "h100"),
+    ("NVIDIA A10", "a10"), ("NVIDIA A100-SXM4-80GB", "a100_80"), ("NVIDIA A100-SXM4-40GB", "a100_40"), ("NVIDIA L4", "l4"), ("NVIDIA L40S", "l40s"), ("NVIDIA H100 80GB HBM3", "h100"),
     ("NVIDIA H200", "h200"), ("cpu", "cpu"), ("NVIDIA GeForce RTX 5090", "NVIDIA GeForce RTX 5090"),
 ])
 def test_auto_gpu_is_found_in_the_price_table(device_name, expected):

@@ -38,7 +38,9 @@ def cell(num, backend, batch, fraction, gpu="a10", seq_len=512):
         "perf/step_time_p50_s": batch * 480 / tok, "mem/peak_reserved_gib": 6 + batch * (1.2 - fraction) / 2,
         "mem/budget_gib": 22.0, "cost/usd_per_hour": 2.0, "cost/usd_per_1m_tokens": 2.0 / 3600 / tok * 1e6,
         "cost/usd_per_1k_samples": 2.0 / 3600 / (tok / 480) * 1e3, "count/tokens_nonpad": 20 * batch * 480,
-        "count/samples": 20 * batch, "count/timed_steps": 20, "gpu/energy_j": 500.0 * batch * 480 * 20 / tok}
+        "count/samples": 20 * batch, "count/timed_steps": 20, "gpu/energy_j": 500.0 * batch * 480 * 20 / tok,
+        "time/window_s": 20 * batch * 480 / tok, "perf/model_tflops": tok * 4 * 7.1e9 / 1e12,
+        "params/base_matmul": 7.1e9}
     return CellResult(status, f"backend={backend},batch={batch}", num, config=config, metrics=metrics,
                       choices={"backend": backend, "gpu": gpu, "model": "mistral-7b-v0.3", "precision": "nf4",
                                "data": "sharegpt"},
@@ -94,6 +96,7 @@ def test_sixty_cells_with_long_names_stay_legible(tmp_path, monkeypatch):
         for (ta, a), (tb, b) in itertools.combinations(boxes, 2):
             assert not a.overlaps(b) or a.width * b.width == 0, (name, ta, tb)
     drawn = {fig.get_suptitle().splitlines()[0]: fig for fig in figures}
+    assert "Cost against time on each GPU (projected; lorabench.projection)" in drawn  # 60 cells x 7 GPUs
     bars = drawn["Throughput per cell"]
     words = [t.get_text().strip() for t in bars.findobj(plt.Text)]
     legend = {t.get_text() for t in bars.axes[0].get_legend().get_texts()}

@@ -33,8 +33,8 @@ from lorabench.config import BenchConfig, HardwareConfig, ModelConfig, Suite
 from lorabench.devices import setup_device, sync
 from lorabench.loggers import MetricLogger
 from lorabench.meter import NvmlSampler
-from lorabench.report import write_report
-from lorabench.results import CellResult, RunContext
+from lorabench.report import write_projection, write_report
+from lorabench.results import RESULT_FILE, CellResult, RunContext, load_results, read_result
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch.float32, "fp32": torch.float32}
 
@@ -293,6 +293,15 @@ def print_consistency(rows: list[dict]) -> None:
         print(f"| {r['metric']} | {values} | {spread} | {r['tolerance'] * scale:g}{unit} | {verdict} |")
 
 
+def load_cells(path: Path) -> list:
+    """The results of a sweep dir, or of one run dir."""
+    if not path.is_dir():
+        raise FileNotFoundError(f"sweep_dir={str(path)!r} is not a directory")
+    if (path / RESULT_FILE).is_file():
+        return [read_result(path / RESULT_FILE)]
+    return load_results(path)[0]
+
+
 MEASURED = {Suite.hardware: hardware, Suite.loading: loading, Suite.inference: inference}
 
 
@@ -303,6 +312,16 @@ def run_suite(cfg: DictConfig, ctx: RunContext) -> int:
         if not c.sweep_dir:
             raise ValueError("suite=report needs sweep_dir=<a sweep dir under outputs/sweeps>")
         out = write_report(c.sweep_dir, c.report)
+        print(out.markdown)
+        print("\nfiles:\n" + "\n".join(f"  {f}" for f in out.files))
+        return 0
+    if c.suite is Suite.project:
+        if not c.sweep_dir:
+            raise ValueError("suite=project needs sweep_dir=<a measured sweep or run dir>")
+        results = load_cells(Path(c.sweep_dir))
+        out = write_projection(Path(c.sweep_dir), results, list(c.target), list(c.measured), c.report.dataset_samples)
+        if not out.rows:
+            raise ValueError(f"nothing to project in {c.sweep_dir}: " + (out.markdown or "no ok cell"))
         print(out.markdown)
         print("\nfiles:\n" + "\n".join(f"  {f}" for f in out.files))
         return 0

@@ -227,6 +227,10 @@ class GpuConfig:
     # memory here too. Cost and MFU stay the real GPU's unless price_of_target=true.
     emulate_memory: bool = True
     price_of_target: bool = False
+    # A `bench.py suite=hardware model=mistral-7b-v0.3` run dir measured on this GPU (relative to the
+    # repository): its achieved matmul rates, bandwidth and launch floor, which lorabench.projection
+    # uses in place of the datasheet figures above.
+    measured: Optional[str] = None
 
     def __post_init__(self) -> None:
         for k in ("price_per_hour", "spot_price_per_hour", "memory_gib", "peak_bf16_tflops", "peak_tf32_tflops",
@@ -262,6 +266,9 @@ class ReportConfig:
     # A price to compare against, e.g. a managed fine-tuning service's USD per 1M training tokens.
     reference_usd_per_1m_tokens: Optional[float] = None
     reference_name: str = "reference price"
+    # Project every ok cell onto every conf/gpu option with figures (lorabench.projection):
+    # projection.csv, a table and plots/gpu_projection.png in the report.
+    project: bool = True
 
     def __post_init__(self) -> None:
         _positive("report.dataset_samples", self.dataset_samples)
@@ -405,6 +412,7 @@ class Suite(Enum):
     loading = "loading"  # time and memory to build or load the model at a precision
     inference = "inference"  # generate() tokens/s, time to first token, per-token latency by batch
     consistency = "consistency"  # spread of result files across nodes or GPUs against tolerances
+    project = "project"  # a measured sweep's cells projected onto other GPUs (lorabench.projection)
 
 
 @dataclass
@@ -455,6 +463,11 @@ class BenchConfig:
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     inference: InferenceConfig = field(default_factory=InferenceConfig)
     consistency: ConsistencyConfig = field(default_factory=ConsistencyConfig)
+    # suite=project: the conf/gpu options to project onto (empty: every one with figures), and
+    # measured cells on those GPUs (sweep or run dirs, or CSVs of cell,target,samples_per_s|tokens_per_s,source)
+    # to check the projection against.
+    target: List[str] = field(default_factory=list)
+    measured: List[str] = field(default_factory=list)
 
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"

@@ -19,6 +19,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
 from lorabench.analysis import (TOK, baseline, constants, energy, knob_effects, label, money,  # noqa: E402
                                 ok_cells, projection, short_names, value)
@@ -320,3 +321,36 @@ def make_plots(results: list[CellResult], axes_: list[str], cfg: ReportConfig, o
                                                        bottleneck, knobs)]
     paths += [loss(results, axes_, cfg, out_dir, curves), fit(results, axes_, cfg, out_dir, grid)]
     return {p.stem: p for p in paths if p is not None}
+
+
+def gpu_projection(rows, out_dir: Path, dataset_samples: int) -> Path:
+    """USD per 1M non-pad tokens against hours for `dataset_samples` samples, one colour per GPU: every
+    cell that fits as a small point (filled where measured on that GPU, hollow where projected), each
+    GPU's cheapest cell large and named in the legend (names on the points would overlap where two
+    GPUs come close, as an H100 and an H200 do). Log axes: an A10 and an H200 differ by 10x in both."""
+    targets = list(dict.fromkeys(r.target for r in rows))
+    colors = plt.get_cmap("tab10")
+    fig, [ax] = _figure(14, width=9)
+    for i, t in enumerate(targets):
+        mine = [r for r in rows if r.target == t and r.fits and r.usd_per_1m_tokens is not None]
+        if not mine:
+            continue
+        for measured in (True, False):
+            pts = [r for r in mine if r.measured is measured]
+            ax.scatter([r.hours for r in pts], [r.usd_per_1m_tokens for r in pts], s=14, alpha=0.6,
+                       facecolors=colors(i) if measured else "none", edgecolors=colors(i))
+        best = min(mine, key=lambda r: r.usd_per_1m_tokens)
+        n_out = sum(1 for r in rows if r.target == t and not r.fits)
+        ax.scatter([best.hours], [best.usd_per_1m_tokens], s=70, color=colors(i),
+                   label=f"{t}: best {money(best.usd_per_1m_tokens)}/1M tok" + (f"; {n_out} cells do not fit" if n_out else ""))
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    for axis, fmt in ((ax.xaxis, lambda v, _: f"{v:g} h"), (ax.yaxis, lambda v, _: money(v))):
+        axis.set_major_locator(LogLocator(subs=(1, 2, 5)))  # 1-2-5 steps: labelled ticks even within a decade
+        axis.set_major_formatter(FuncFormatter(fmt))
+        axis.set_minor_formatter(NullFormatter())
+    ax.tick_params(which="both", labelsize=7)
+    xlabel(ax, f"hours for {dataset_samples:,} samples (filled: measured on that GPU; hollow: projected)")
+    ax.set_ylabel("USD per 1M non-pad tokens (on demand)")
+    ax.legend(fontsize=7, loc="best")
+    return _save(fig, out_dir, "gpu_projection", "Cost against time on each GPU (projected; lorabench.projection)", [])

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lorabench import analysis as an
+from lorabench import projection as pj
 from lorabench.config import ReportConfig
-from lorabench.plots import make_plots
+from lorabench.plots import gpu_projection, make_plots
 from lorabench.results import CellResult, Status, atomic_write_text, load_results
 
 
@@ -76,12 +77,51 @@ def write_report(sweep_dir: Path, cfg: ReportConfig | None = None) -> Report:
     md = (f"All cells: {shared}.\n\n" if shared else "") + an.cells_table(results, axes_, cfg)
     md += "".join(f"\n\n{n}" for n in notes) + "".join(f"\n\n{t}:\n\n{tab}" for t, tab in extra.items())
     plots = make_plots(results, axes_, cfg, sweep_dir / "plots", curves, grid)
+    projected = write_projection(sweep_dir, results, [], [], cfg.dataset_samples) if cfg.project else None
+    if projected and projected.rows:
+        title = f"Projected onto other GPUs (USD per 1M non-pad tokens; {cfg.dataset_samples:,} samples)"
+        extra[title] = projected.markdown
+        md += f"\n\n{title}:\n\n{projected.markdown}"
+        plots.update({p.stem: p for p in projected.files if p.suffix == ".png"})
     files = {"results.md": md + "\n",
              "results.csv": an.frame(results, cfg, incomplete).to_csv(index=False),
              "report.html": page(sweep_dir, results, axes_, notes, extra, plots, cfg)}
     for name, text in files.items():
         atomic_write_text(sweep_dir / name, text)
-    return Report(md, [sweep_dir / n for n in files] + list(plots.values()), results, axes_)
+    return Report(md, [sweep_dir / n for n in files] + list(plots.values())
+                  + ([sweep_dir / "projection.csv"] if projected and projected.rows else []), results, axes_)
+
+
+@dataclass
+class Projected:
+    markdown: str
+    files: list[Path]
+    rows: list
+
+
+def write_projection(sweep_dir: Path, results: list[CellResult], targets: list[str], measured: list[str],
+                     dataset_samples: int) -> Projected:
+    """A sweep's ok cells projected onto GPUs (targets: conf/gpu option names; empty: every one with
+    figures): projection.csv, plots/gpu_projection.png and, with measured cells on the targets, the
+    check of each projection against them (projection_validation.csv)."""
+    gpus = [pj.gpu_option(n) for n in (targets or pj.projectable())]  # an option without figures: refused here
+    rows, notes = pj.project(results, gpus, dataset_samples)
+    if not rows:
+        return Projected("\n".join(notes), [], rows)
+    pj.write_csv(rows, sweep_dir / "projection.csv")
+    files = [sweep_dir / "projection.csv"]
+    md = pj.summary(rows, notes, dataset_samples)
+    if measured:
+        points = [p for m in measured for p in pj.measured_points(Path(m), gpus)]
+        checks = pj.validate(rows, points, results)
+        md += "\n\nProjection against measured cells (error = predicted / measured - 1):\n\n" + pj.validation_table(checks)
+        pj.write_csv(checks, sweep_dir / "projection_validation.csv")
+        files.append(sweep_dir / "projection_validation.csv")
+    atomic_write_text(sweep_dir / "projection.md", md + "\n")
+    files.append(sweep_dir / "projection.md")
+    (sweep_dir / "plots").mkdir(exist_ok=True)
+    files.append(gpu_projection(rows, sweep_dir / "plots", dataset_samples))
+    return Projected(md, files, rows)
 
 
 def md_to_html(text: str) -> str:
