@@ -92,11 +92,51 @@ def test_sigterm_then_rerun_resumes_exactly_and_a_finished_cell_is_not_rerun(tmp
     assert json.loads((termed / "metrics.json").read_text())["metrics"] == m
 
 
+def test_sigterm_in_a_step_that_outlives_the_grace_period_stops_it_and_the_rerun_resumes(tmp_path, expected):
+    """train.sigterm_grace_s=0: the step under way is stopped at once (a step that takes minutes would
+    be stopped this way after the grace period), no checkpoint is written for it, and the re-run resumes
+    from the newest periodic one and trains exactly as the uninterrupted run."""
+    run_dir = tmp_path / "stopped"
+    t0 = time.time()
+    assert start_and_stop(run_dir, ["train.save_steps=5", "train.sigterm_grace_s=0"], 12, signal.SIGTERM) == 4
+    r = read_result(run_dir)
+    assert r["status"] == "interrupted" and "had not ended 0 s after the signal" in r["error"], r["error"]
+    assert "newest checkpoint: checkpoint-10" in r["error"] and time.time() - t0 < 60
+    assert not (run_dir / "checkpoints" / f"checkpoint-{len(read_steps(run_dir))}").exists() or \
+        len(read_steps(run_dir)) % 5 == 0
+    run_in_process([*COMMON, "train.save_steps=5"], run_dir)
+    r = read_result(run_dir)
+    assert r["status"] == "ok" and r["resumed_from_step"] == 10 and losses(run_dir) == expected
+
+
+def test_a_cell_that_cannot_fit_in_host_memory_is_refused_before_anything_is_built(tmp_path):
+    """The issue's cell: 512 x 4096 tokens of logits over 32768 words is 512 GiB in fp32. It is
+    recorded oom (exit code 3) with its need and what the host has, in a second, with no step run."""
+    t0 = time.time()
+    r = run_in_process(["data=synthetic", "seq_len=4096", "batch=512", "data.max_samples=512"], tmp_path)
+    assert r.status.value == "oom" and r.exit_code == 3 and time.time() - t0 < 10
+    assert "host memory: this cell needs at least 532.0 GiB" in r.error and "available on this host" in r.error
+    assert "lower batch (now 512) or seq_len (now 4096)" in r.error and not (tmp_path / "steps.jsonl").exists()
+
+
+def test_the_watchdog_records_a_cell_that_crosses_its_host_memory_limit(tmp_path):
+    """A limit 2.6 GiB above what this process holds: the cell passes the estimate (a lower bound: 2.1
+    GiB, its logits and their gradient), grows past the limit while it trains (it would hold about 3.2
+    GiB more), and is stopped and recorded oom with both figures, long before the host is short."""
+    import psutil
+
+    limit = psutil.Process().memory_info().rss / 2**30 + 2.6
+    r = run_in_process(["data=synthetic", "seq_len=512", "batch=16", "data.max_samples=64", "train.max_steps=6",
+                        f"train.host_memory_limit_gib={limit:.3f}"], tmp_path)
+    assert r.status.value == "oom", (r.status, r.error)
+    assert r.error.startswith("host memory: the cell's processes held") and f"the limit of {limit:.2f} GiB" in r.error
+
+
 def test_failures_are_isolated_in_a_12_cell_sweep(tmp_path):
     """12 cells (tests/conf/case/): nine that work, one out of memory, one whose loss diverges, one
     with unreadable data. The nine finish, the three are recorded with their reasons, and the
     sweep report lists them. The OOM is real: the sweep runs under an 8 GiB address-space limit
-    (RLIMIT_AS), so the 16 GiB logits are refused by the allocator at once, without the host's
+    (RLIMIT_AS), so the 4 GiB logits and their log-softmax are refused by the allocator at once, without the host's
     OOM killer ever being involved."""
     import resource
 

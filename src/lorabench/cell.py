@@ -115,6 +115,8 @@ def run(cfg: DictConfig, ctx: RunContext, measure: Measure, job_type: str = "tra
         result.status, result.error = Status.skipped, str(e)
     except CellInterrupted as e:
         result.status, result.error = Status.interrupted, str(e)
+    except MemoryError as e:  # the host-memory estimate or watchdog (lorabench.guard), or Python's own
+        result.status, result.error = Status.oom, str(e) or "host memory: Python could not allocate (MemoryError)"
     except Exception as e:
         if is_host_oom(e):  # a CPU cell out of host memory is as much out of memory as a GPU cell
             result.status, result.error = Status.oom, "host memory: " + str(e).splitlines()[0]

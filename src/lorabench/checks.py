@@ -130,6 +130,44 @@ def check_device(c: Config, device) -> None:
     if device.type != "cuda" and c.optimizer.name in BNB_OPTIMIZERS:
         raise RuntimeError(f"optimizer={c.optimizer.name.value} is a bitsandbytes CUDA optimizer; "
                            "on CPU use optimizer=adamw_torch, adamw_torch_fused or adafactor.")
+    if device.type == "cpu":
+        check_host_memory(c)
+
+
+def host_memory_need(c: Config) -> dict[str, float]:
+    """A lower bound of what a CPU cell holds in host memory at once, in bytes: the weights, the
+    adapters' gradients and AdamW states, the logits and their gradient (fp32 in the loss), and each
+    layer's activations kept for the backward pass (layer input, attention and MLP outputs: 4 x
+    hidden, and 2 x intermediate per token; only the layer inputs under checkpointing). What the
+    kernels add on top (attention scores, temporaries) is left out, so a cell under this bound can
+    still run out: the watchdog (lorabench.guard) catches that one."""
+    m = c.model
+    h, ff, layers, tokens = m.hidden_size, m.intermediate_size, m.num_hidden_layers, c.batch * c.seq_len
+    q, kv = m.num_attention_heads * m.head_dim, m.num_key_value_heads * m.head_dim
+    width = 2 if c.precision.name is Precision.bf16 else 4
+    params = 2 * m.vocab_size * h + layers * (2 * h * q + 2 * h * kv + 3 * h * ff)
+    lora = layers * len(c.lora.target_modules) * c.lora.r * 2 * h  # about r x (in + out) each
+    per_layer = (h if c.train.gradient_checkpointing else 4 * h + 2 * ff) * tokens * width
+    return {"weights": params * width + lora * (4 + 4 + 8), "logits": 2 * tokens * m.vocab_size * 4,
+            "activations": layers * per_layer}
+
+
+def check_host_memory(c: Config) -> None:
+    """Refuse (status oom) a CPU cell whose lower-bound need exceeds the memory the host has available."""
+    import psutil
+
+    from lorabench.guard import GIB, HostMemoryExceeded
+
+    need = host_memory_need(c)
+    total, available = sum(need.values()), psutil.virtual_memory().available
+    limit = c.train.host_memory_limit_gib  # on the process's whole resident memory, what it holds now included
+    room = min(available, limit * GIB - psutil.Process().memory_info().rss) if limit is not None else available
+    if total > room:
+        parts = ", ".join(f"{k} {v / GIB:.1f}" for k, v in need.items())
+        where = f"{room / GIB:.1f} GiB " + ("allowed (train.host_memory_limit_gib)" if room < available else
+                                             "available on this host")
+        raise HostMemoryExceeded(f"host memory: this cell needs at least {total / GIB:.1f} GiB ({parts}) and "
+                                 f"{where}; lower batch (now {c.batch}) or seq_len (now {c.seq_len})")
 
 
 def check_precision(precision: Precision, device) -> None:

@@ -312,9 +312,18 @@ class TrainConfig:
     checkpoint_fraction: float = 1.0
     seed: int = 0
     device: Device = Device.auto
+    # Host memory the cell's processes may hold (GiB, resident); past it the cell stops, recorded oom.
+    # null: what the process holds when training starts plus 90% of what the host has available.
+    host_memory_limit_gib: Optional[float] = None
+    # After SIGTERM the current step may finish and write a checkpoint; a step still running this many
+    # seconds after the signal is stopped where it is (no new checkpoint), so the cell ends in time.
+    sigterm_grace_s: float = 10.0
 
     def __post_init__(self) -> None:
         _positive("train.max_steps", self.max_steps)
+        if self.host_memory_limit_gib is not None:
+            _positive("train.host_memory_limit_gib", self.host_memory_limit_gib)
+        _non_negative("train.sigterm_grace_s", self.sigterm_grace_s)
         _positive("train.grad_accum", self.grad_accum)
         _positive("train.nproc", self.nproc)
         _positive("train.nnodes", self.nnodes)

@@ -20,6 +20,7 @@ from transformers import PrinterCallback, TrainerCallback, TrainingArguments
 from lorabench import backends, checks, data, distributed, modeling
 from lorabench.config import Backend, Config, Precision
 from lorabench.devices import setup_device
+from lorabench.guard import Guard, StepAborted
 from lorabench.loggers import MetricLogger
 from lorabench.meter import MeasuredTrainer, NvmlSampler, StepMeter
 from lorabench.metrics import memory_stats, summarize
@@ -81,7 +82,8 @@ def _measure(c: Config, run_dir: Path, result: CellResult, logger: MetricLogger,
     else:  # a run killed before its first checkpoint starts afresh: one history per file, never two
         steps_file.unlink(missing_ok=True)
     meter = StepMeter(device, untimed, steps_file, sampler, logger.log_step, earlier_steps=earlier)
-    preemption = Preemption()
+    guard = Guard(c.train.host_memory_limit_gib)  # the host-memory watchdog; SIGTERM's grace period
+    preemption = Preemption(guard, c.train.sigterm_grace_s)
     callbacks = [meter, preemption] + ([ProgressBar(c.train.max_steps, meter)] if rank == 0 else [])
     profile = c.train.profile_steps and rank == 0  # one rank's profile: the others wait on it at the all-reduce
     if profile:  # after the meter, whose step-end synchronisation it relies on
@@ -128,8 +130,12 @@ def _measure(c: Config, run_dir: Path, result: CellResult, logger: MetricLogger,
                               data_collator=data.build_collator(c, tokenizer),
                               callbacks=callbacks, meter=meter)
     trainer.remove_callback(PrinterCallback)  # it prints every log dict; the bar shows them
+    aborted = False
     try:
-        trainer.train(resume_from_checkpoint=str(last) if last else None)
+        with guard:
+            trainer.train(resume_from_checkpoint=str(last) if last else None)
+    except StepAborted:
+        aborted = True
     finally:
         meter.close()  # stops the NVML thread and closes steps.jsonl, also after an OOM
         preemption.close()
@@ -140,6 +146,11 @@ def _measure(c: Config, run_dir: Path, result: CellResult, logger: MetricLogger,
             distributed.remove_empty(ckpt_dir)
     if preemption.signalled:
         step = meter.steps[-1]["step"] if meter.steps else 0
+        if aborted:
+            newest = last_checkpoint(ckpt_dir)
+            raise CellInterrupted(f"SIGTERM: the step after step {step} had not ended {c.train.sigterm_grace_s:g} s "
+                                  "after the signal (train.sigterm_grace_s) and was stopped; newest checkpoint: "
+                                  f"{newest.name if newest else 'none'}; run the same command again to resume")
         raise CellInterrupted(f"SIGTERM: stopped after step {step} with a checkpoint in {ckpt_dir}; "
                                    "run the same command again to resume")
 
@@ -149,6 +160,7 @@ def _measure(c: Config, run_dir: Path, result: CellResult, logger: MetricLogger,
     metrics["count/warmup_steps"] = c.train.warmup_steps
     metrics.update(data_stats)
     metrics.update(memory_stats(device))
+    metrics["host/rss_peak_gib"] = guard.peak_gib  # this process and its workers, sampled every 0.1 s
     if sampler:
         metrics.update(sampler.summary())
     if profile:
@@ -182,26 +194,39 @@ def last_checkpoint(ckpt_dir: Path) -> Path | None:
 
 class Preemption(TrainerCallback):
     """SIGTERM (a spot reclaim, a SLURM preemption, a Kubernetes eviction): finish the current
-    step, save a checkpoint and stop; a re-run of the same command resumes from it."""
+    step, save a checkpoint and stop; a re-run of the same command resumes from it. A step that has
+    not ended `grace_s` after the signal is stopped where it is (through the guard), without a new
+    checkpoint: a cell whose steps take minutes still ends before the scheduler's kill."""
 
-    def __init__(self):
+    def __init__(self, guard: Guard, grace_s: float):
+        self.guard, self.grace_s = guard, grace_s
         self.signalled = False
         self._previous = None
+        self._timer: threading.Timer | None = None
 
     def on_train_begin(self, args, state, control, **kw):
         if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
             self._previous = signal.signal(signal.SIGTERM, self._on_signal)
 
     def _on_signal(self, signum, frame):
-        log.warning("SIGTERM: saving a checkpoint at the end of this step, then stopping")
+        log.warning("SIGTERM: saving a checkpoint at the end of this step (or stopping it in %g s), then "
+                    "stopping", self.grace_s)
         self.signalled = True
+        if self._timer is None:
+            self._timer = threading.Timer(self.grace_s, self.guard.stop, args=(StepAborted("SIGTERM grace period over"),))
+            self._timer.daemon = True
+            self._timer.start()
 
     def on_step_end(self, args, state, control, **kw):
         if self.signalled:
+            if self._timer is not None:
+                self._timer.cancel()  # the step ended in time: its checkpoint is written next
             control.should_save = True
             control.should_training_stop = True
 
     def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
         if self._previous is not None:
             signal.signal(signal.SIGTERM, self._previous)
             self._previous = None
