@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lorabench.analysis import summary_text
 from lorabench.devices import node_rank
+from lorabench.guard import JobRequeued
 from lorabench.loggers import MetricLogger, NullLogger, build_logger
 from lorabench.metrics import memory_stats
 from lorabench.results import (RESULT_FILE, CellInterrupted, CellResult, CellSkipped, RunContext, Status,
@@ -115,6 +116,9 @@ def run(cfg: DictConfig, ctx: RunContext, measure: Measure, job_type: str = "tra
         result.status, result.error = Status.skipped, str(e)
     except CellInterrupted as e:
         result.status, result.error = Status.interrupted, str(e)
+    except JobRequeued as e:  # recorded (finally), then the process ends without a result for its launcher
+        result.status, result.error = Status.interrupted, str(e)
+        raise
     except MemoryError as e:  # the host-memory estimate or watchdog (lorabench.guard), or Python's own
         result.status, result.error = Status.oom, str(e) or "host memory: Python could not allocate (MemoryError)"
     except Exception as e:

@@ -16,7 +16,10 @@ two operators), only while the guarded region runs; after it, a late signal does
 from __future__ import annotations
 
 import logging
+import os
+import re
 import signal
+import subprocess
 import threading
 
 import psutil
@@ -31,6 +34,34 @@ class HostMemoryExceeded(MemoryError):
 
 class StepAborted(Exception):
     """A step stopped before its end (SIGTERM and the step outlived the grace period)."""
+
+
+class JobRequeued(SystemExit):
+    """This SLURM job runs again (scontrol requeue, a requeueing preemption, submitit's time-limit
+    requeue): the process ends here without handing a result to its launcher, so the multirun that
+    launched it keeps waiting for the job's next run, which resumes from the checkpoint just written."""
+
+    def __init__(self, message: str, code=4):
+        super().__init__(code)  # 4: an interrupted cell (README: exit codes); submitit's own where it exits
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def slurm_requeued() -> bool:
+    """Whether SLURM has requeued this job since it started: `scontrol requeue` and a requeueing
+    preemption raise the job's restart count at once, before its processes get SIGTERM; a plain
+    scancel does not (seen on slurm-wlm 22.05, launchers/slurm-local.sh)."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if not job:
+        return False
+    try:
+        out = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    m = re.search(r"\bRestarts=(\d+)", out)
+    return bool(m) and int(m.group(1)) > int(os.environ.get("SLURM_RESTART_COUNT") or 0)
 
 
 def rss_bytes(proc: psutil.Process) -> int:

@@ -20,7 +20,7 @@ from transformers import PrinterCallback, TrainerCallback, TrainingArguments
 from lorabench import backends, checks, data, distributed, modeling
 from lorabench.config import Backend, Config, Precision
 from lorabench.devices import setup_device
-from lorabench.guard import Guard, StepAborted
+from lorabench.guard import Guard, JobRequeued, StepAborted, slurm_requeued
 from lorabench.loggers import MetricLogger
 from lorabench.meter import MeasuredTrainer, NvmlSampler, StepMeter
 from lorabench.metrics import memory_stats, summarize
@@ -146,13 +146,12 @@ def _measure(c: Config, run_dir: Path, result: CellResult, logger: MetricLogger,
             distributed.remove_empty(ckpt_dir)
     if preemption.signalled:
         step = meter.steps[-1]["step"] if meter.steps else 0
-        if aborted:
-            newest = last_checkpoint(ckpt_dir)
-            raise CellInterrupted(f"SIGTERM: the step after step {step} had not ended {c.train.sigterm_grace_s:g} s "
-                                  "after the signal (train.sigterm_grace_s) and was stopped; newest checkpoint: "
-                                  f"{newest.name if newest else 'none'}; run the same command again to resume")
-        raise CellInterrupted(f"SIGTERM: stopped after step {step} with a checkpoint in {ckpt_dir}; "
-                                   "run the same command again to resume")
+        newest = last_checkpoint(ckpt_dir)
+        stopped = (f"the step after step {step} had not ended {c.train.sigterm_grace_s:g} s after the signal "
+                   f"(train.sigterm_grace_s) and was stopped; newest checkpoint: {newest.name if newest else 'none'}"
+                   if aborted else f"stopped after step {step} with a checkpoint in {ckpt_dir}")
+        preemption.hand_over(stopped)
+        raise CellInterrupted(f"SIGTERM: {stopped}; run the same command again to resume")
 
     arch = {"layers": model.config.num_hidden_layers, "heads": model.config.num_attention_heads,
             "head_dim": model.config.head_dim}
@@ -193,25 +192,37 @@ def last_checkpoint(ckpt_dir: Path) -> Path | None:
 
 
 class Preemption(TrainerCallback):
-    """SIGTERM (a spot reclaim, a SLURM preemption, a Kubernetes eviction): finish the current
-    step, save a checkpoint and stop; a re-run of the same command resumes from it. A step that has
-    not ended `grace_s` after the signal is stopped where it is (through the guard), without a new
-    checkpoint: a cell whose steps take minutes still ends before the scheduler's kill."""
+    """SIGTERM (a spot reclaim, a SLURM preemption or requeue, a Kubernetes eviction): finish the
+    current step, save a checkpoint and stop; a re-run of the same command resumes from it. A step
+    that has not ended `grace_s` after the signal is stopped where it is (through the guard), without
+    a new checkpoint: a cell whose steps take minutes still ends before the scheduler's kill.
+
+    In a submitit job (hydra/launcher=slurm or local) the time-limit signal (SUBMITIT_PREEMPT_SIGNAL,
+    USR2) is handled the same way, then handed to submitit, which requeues the job; and a SIGTERM
+    because SLURM requeued the job ends the process without a result (JobRequeued), so that the
+    multirun waits for the job's next run instead of reporting this one."""
 
     def __init__(self, guard: Guard, grace_s: float):
         self.guard, self.grace_s = guard, grace_s
-        self.signalled = False
-        self._previous = None
+        self.signalled = self.time_limit = False
+        self._previous: dict = {}
         self._timer: threading.Timer | None = None
+        self._submitit_signal = self._submitit_handler = None
 
     def on_train_begin(self, args, state, control, **kw):
-        if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
-            self._previous = signal.signal(signal.SIGTERM, self._on_signal)
+        if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+            return
+        self._previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._on_signal)
+        if os.environ.get("SUBMITIT_EXECUTOR"):
+            self._submitit_signal = getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"))
+            self._submitit_handler = signal.signal(self._submitit_signal, self._on_signal)
+            self._previous[self._submitit_signal] = self._submitit_handler
 
     def _on_signal(self, signum, frame):
-        log.warning("SIGTERM: saving a checkpoint at the end of this step (or stopping it in %g s), then "
-                    "stopping", self.grace_s)
+        log.warning("%s: saving a checkpoint at the end of this step (or stopping it in %g s), then stopping",
+                    signal.Signals(signum).name, self.grace_s)
         self.signalled = True
+        self.time_limit |= signum == self._submitit_signal
         if self._timer is None:
             self._timer = threading.Timer(self.grace_s, self.guard.stop, args=(StepAborted("SIGTERM grace period over"),))
             self._timer.daemon = True
@@ -224,12 +235,27 @@ class Preemption(TrainerCallback):
             control.should_save = True
             control.should_training_stop = True
 
+    def hand_over(self, stopped: str) -> None:
+        """After the loop stopped on a signal: in a SLURM job that runs again, end the process
+        without a result (JobRequeued); otherwise return, and the cell is recorded interrupted."""
+        if self.time_limit:  # submitit's handler checkpoints the launcher's job, requeues it and exits
+            try:
+                self._submitit_handler(self._submitit_signal, None)
+            except SystemExit as e:  # its exit code tells submitit's local executor to start the job again
+                raise JobRequeued(f"time limit: submitit requeued the job; {stopped}; its next run resumes",
+                                  e.code) from None
+            except Exception as e:  # not requeued (timed out too often): recorded interrupted
+                log.warning("submitit did not requeue the job: %s", e)
+        elif slurm_requeued():
+            raise JobRequeued(f"SIGTERM: SLURM requeued job {os.environ['SLURM_JOB_ID']}; {stopped}; its next run "
+                              "resumes")
+
     def close(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
-            self._previous = None
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
 
 
 class ProgressBar(TrainerCallback):
