@@ -136,7 +136,7 @@ def test_failures_are_isolated_in_a_12_cell_sweep(tmp_path):
     """12 cells (tests/conf/case/): nine that work, one out of memory, one whose loss diverges, one
     with unreadable data. The nine finish, the three are recorded with their reasons, and the
     sweep report lists them. The OOM is real: the sweep runs under an 8 GiB address-space limit
-    (RLIMIT_AS), so the 4 GiB logits and their log-softmax are refused by the allocator at once, without the host's
+    (RLIMIT_AS), so the 6 GiB logits are refused by the allocator at once, without the host's
     OOM killer ever being involved."""
     import resource
 
