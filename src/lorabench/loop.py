@@ -151,7 +151,7 @@ def _measure(c: Config, run_dir: Path, result: CellResult, logger: MetricLogger,
                    f"(train.sigterm_grace_s) and was stopped; newest checkpoint: {newest.name if newest else 'none'}"
                    if aborted else f"stopped after step {step} with a checkpoint in {ckpt_dir}")
         preemption.hand_over(stopped)
-        raise CellInterrupted(f"SIGTERM: {stopped}; run the same command again to resume")
+        raise CellInterrupted(f"{preemption.signal_name}: {stopped}; run the same command again to resume")
 
     arch = {"layers": model.config.num_hidden_layers, "heads": model.config.num_attention_heads,
             "head_dim": model.config.head_dim}
@@ -205,6 +205,7 @@ class Preemption(TrainerCallback):
     def __init__(self, guard: Guard, grace_s: float):
         self.guard, self.grace_s = guard, grace_s
         self.signalled = self.time_limit = False
+        self.signal_name = "SIGTERM"
         self._previous: dict = {}
         self._timer: threading.Timer | None = None
         self._submitit_signal = self._submitit_handler = None
@@ -222,6 +223,7 @@ class Preemption(TrainerCallback):
         log.warning("%s: saving a checkpoint at the end of this step (or stopping it in %g s), then stopping",
                     signal.Signals(signum).name, self.grace_s)
         self.signalled = True
+        self.signal_name = signal.Signals(signum).name
         self.time_limit |= signum == self._submitit_signal
         if self._timer is None:
             self._timer = threading.Timer(self.grace_s, self.guard.stop, args=(StepAborted("SIGTERM grace period over"),))
@@ -238,7 +240,7 @@ class Preemption(TrainerCallback):
     def hand_over(self, stopped: str) -> None:
         """After the loop stopped on a signal: in a SLURM job that runs again, end the process
         without a result (JobRequeued); otherwise return, and the cell is recorded interrupted."""
-        if self.time_limit:  # submitit's handler checkpoints the launcher's job, requeues it and exits
+        if self.time_limit and callable(self._submitit_handler):  # it checkpoints the launcher's job, requeues, exits
             try:
                 self._submitit_handler(self._submitit_signal, None)
             except SystemExit as e:  # its exit code tells submitit's local executor to start the job again

@@ -96,9 +96,6 @@ class Gpu:
             return self.bandwidth_gbs * like.elementwise_gbs / like.bandwidth_gbs
         return self.bandwidth_gbs
 
-    def describe(self) -> str:
-        return f"{self.name} ({self.source})"
-
 
 def read_hardware(path: Path) -> dict:
     """The figures a projection needs from a `bench.py suite=hardware` run dir (or its metrics.json)."""
@@ -243,17 +240,16 @@ def project(results: list[CellResult], targets: list[Gpu], dataset_samples: int)
         s = step_parts(r, src)
         for tgt in targets:
             t, basis = project_step(s, src, tgt)
-            usd_s = lambda price: price / 3600 * t if price is not None else None  # noqa: E731
             hours = dataset_samples * t / s.samples / 3600
+            per_1m = lambda price: None if price is None else price / 3600 * t / s.tokens * 1e6  # noqa: E731
+            for_all = lambda price: None if price is None else price * hours  # noqa: E731
             rows.append(Row(
                 cell=r.cell, source=src.name, target=tgt.name, measured=tgt.name == src.name, step_time_s=t,
                 tokens_per_s=s.tokens / t, samples_per_s=s.samples / t,
                 fits=s.peak_gib is None or s.peak_gib + MARGIN_GIB <= tgt.memory_gib,
                 peak_reserved_gib=s.peak_gib, target_memory_gib=tgt.memory_gib,
-                usd_per_1m_tokens=usd_s(tgt.price) and usd_s(tgt.price) / s.tokens * 1e6,
-                usd_per_1m_tokens_spot=usd_s(tgt.spot) and usd_s(tgt.spot) / s.tokens * 1e6,
-                hours=hours, usd=tgt.price and hours * tgt.price, usd_spot=tgt.spot and hours * tgt.spot,
-                basis=basis))
+                usd_per_1m_tokens=per_1m(tgt.price), usd_per_1m_tokens_spot=per_1m(tgt.spot),
+                hours=hours, usd=for_all(tgt.price), usd_spot=for_all(tgt.spot), basis=basis))
     return rows, notes
 
 
@@ -299,9 +295,9 @@ def summary(rows: list[Row], notes: list[str], dataset_samples: int) -> str:
              "USD per 1M non-pad tokens; * measured on that GPU, every other figure projected "
              "(lorabench.projection; projection.csv gives each one's basis).",
              f"Overall cheapest on demand: {best.cell} on {best.target}, {money(best.usd_per_1m_tokens)} per 1M tokens, "
-             f"{best.hours:.2f} h and {money(best.usd)} for {dataset_samples:,} samples." if best else "",
+             f"{best.hours:.2f} h and {money(best.usd)} for {dataset_samples:,} samples." if best else None,
              f"Overall cheapest on spot: {spot.cell} on {spot.target}, {money(spot.usd_per_1m_tokens_spot)} per 1M "
-             f"tokens, {money(spot.usd_spot)} for {dataset_samples:,} samples." if spot else ""]
+             f"tokens, {money(spot.usd_spot)} for {dataset_samples:,} samples." if spot else None]
     sources = {r.source for r in rows}
     targets = {r.target: r.basis.split("target figures: ")[-1] for r in rows if not r.measured}
     lines += [f"Projected from {', '.join(sorted(sources))}; target figures: "
@@ -358,7 +354,7 @@ def validation_table(checks: list[dict]) -> str:
              f"{c['measured']:,.2f}" if c["measured"] < 100 else f"{c['measured']:,.0f}",
              f"{c['predicted']:,.2f}" if c["predicted"] < 100 else f"{c['predicted']:,.0f}",
              f"{100 * c['error']:+.1f}%", f"{100 * c['peak_ratio_error']:+.1f}%"] for c in checks]
-    lines = [md_table(["cell", "projection", "unit", "measured", "predicted", "error", "peak-ratio error"], rows)]
+    lines = [md_table(["cell", "projection", "unit", "measured", "predicted", "error", "peak-ratio error"], rows), ""]
     for pair in dict.fromkeys((c["source"], c["target"]) for c in checks):
         errs = sorted(abs(c["error"]) for c in checks if (c["source"], c["target"]) == pair)
         lines.append(f"{pair[0]} -> {pair[1]}: median |error| {100 * median(errs):.1f}%, "
