@@ -125,9 +125,9 @@ def test_the_watchdog_records_a_cell_that_crosses_its_host_memory_limit(tmp_path
     GiB more), and is stopped and recorded oom with both figures, long before the host is short."""
     import psutil
 
-    limit = psutil.Process().memory_info().rss / 2**30 + 2.6
+    limit = round(psutil.Process().memory_info().rss / 2**30 + 2.6, 2)  # as the message prints it
     r = run_in_process(["data=synthetic", "seq_len=512", "batch=16", "data.max_samples=64", "train.max_steps=6",
-                        f"train.host_memory_limit_gib={limit:.3f}"], tmp_path)
+                        f"train.host_memory_limit_gib={limit}"], tmp_path)
     assert r.status.value == "oom", (r.status, r.error)
     assert r.error.startswith("host memory: the cell's processes held") and f"the limit of {limit:.2f} GiB" in r.error
 
