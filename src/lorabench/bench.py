@@ -34,7 +34,7 @@ from lorabench.devices import setup_device, sync
 from lorabench.loggers import MetricLogger
 from lorabench.meter import NvmlSampler
 from lorabench.report import write_projection, write_report
-from lorabench.results import RESULT_FILE, CellResult, RunContext, load_results, read_result
+from lorabench.results import CellResult, RunContext, load_cells
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch.float32, "fp32": torch.float32}
 
@@ -291,15 +291,6 @@ def print_consistency(rows: list[dict]) -> None:
         verdict = {True: "ok", False: "EXCEEDED", None: "not in two or more files"}[r["ok"]]
         values = ", ".join("-" if v is None else f"{v:.4g}" for v in r["values"])
         print(f"| {r['metric']} | {values} | {spread} | {r['tolerance'] * scale:g}{unit} | {verdict} |")
-
-
-def load_cells(path: Path) -> list:
-    """The results of a sweep dir, or of one run dir."""
-    if not path.is_dir():
-        raise FileNotFoundError(f"sweep_dir={str(path)!r} is not a directory")
-    if (path / RESULT_FILE).is_file():
-        return [read_result(path / RESULT_FILE)]
-    return load_results(path)[0]
 
 
 MEASURED = {Suite.hardware: hardware, Suite.loading: loading, Suite.inference: inference}

@@ -28,6 +28,7 @@ differs between GPUs. Every projected figure carries its basis; a measured one i
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import math
 import re
@@ -38,7 +39,7 @@ from omegaconf import OmegaConf
 
 from lorabench.analysis import md_table, money
 from lorabench.config import CONF_DIR
-from lorabench.results import REPO, RESULT_FILE, CellResult, atomic_write_text, load_results, read_result
+from lorabench.results import REPO, RESULT_FILE, CellResult, atomic_write_text, load_cells, read_result
 
 # CUDA context and library workspaces live outside torch's pool (about 0.5 GiB on an H100:
 # nvidia-smi's used memory minus torch's reserved), and a different GPU's kernels and allocator
@@ -109,6 +110,7 @@ def read_hardware(path: Path) -> dict:
     return {"gemm": gemm, "elementwise_gbs": m.get("hw/elementwise_gbs"), "launch_us": m.get("hw/launch_us")}
 
 
+@functools.lru_cache(maxsize=None)  # project, validate and the report ask for the same options: read each once
 def gpu_option(name: str) -> Gpu:
     """A conf/gpu option as projection figures; one without them is refused by name."""
     path = CONF_DIR / "gpu" / f"{name}.yaml"
@@ -315,9 +317,8 @@ def measured_points(path: Path, gpus: list[Gpu]) -> list[dict]:
             return [{"cell": row["cell"], "target": row["target"], "source": row.get("source", str(path)),
                      **{k: float(row[k]) for k in ("samples_per_s", "tokens_per_s") if row.get(k)}}
                     for row in csv.DictReader(f)]
-    results = load_results(path)[0] if not (path / RESULT_FILE).is_file() else [read_result(path / RESULT_FILE)]
     out = []
-    for r in results:
+    for r in load_cells(path):
         g = source_gpu(r, gpus)
         if r.ok and g is not None and "perf/tokens_per_s" in r.metrics:
             out.append({"cell": r.cell, "target": g.name, "tokens_per_s": r.metrics["perf/tokens_per_s"],

@@ -88,8 +88,8 @@ def write_report(sweep_dir: Path, cfg: ReportConfig | None = None) -> Report:
              "report.html": page(sweep_dir, results, axes_, notes, extra, plots, cfg)}
     for name, text in files.items():
         atomic_write_text(sweep_dir / name, text)
-    return Report(md, [sweep_dir / n for n in files] + list(plots.values())
-                  + ([sweep_dir / "projection.csv"] if projected and projected.rows else []), results, axes_)
+    tables = [f for f in projected.files if f.suffix != ".png"] if projected else []  # its plot is among plots
+    return Report(md, [sweep_dir / n for n in files] + list(plots.values()) + tables, results, axes_)
 
 
 @dataclass

@@ -260,6 +260,16 @@ def cell_dirs(sweep_dir: Path) -> list[Path]:
                   key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name))
 
 
+def load_cells(path: Path) -> list[CellResult]:
+    """The readable results of a sweep dir, or the result of one run dir."""
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"{str(path)!r} is not a directory")
+    if (path / RESULT_FILE).is_file():
+        return [read_result(path / RESULT_FILE)]
+    return load_results(path)[0]
+
+
 def load_results(sweep_dir: Path) -> tuple[list[CellResult], list[Path]]:
     """Every cell's result below sweep_dir, and the cell dirs without a readable one (still
     running, killed before the result was written, or a file damaged by hand)."""
