@@ -2,7 +2,8 @@
 
   hf       the seed's recipe as it is (nothing changed here)
   liger    + Liger-Kernel's fused Triton ops (liger_kernel.transformers, applied to this model)
-  fast     + bf16 norms/residual stream, packing (lorabench.data.packs), selective checkpointing
+  fast     + bf16 norms/residual stream, packing (lorabench.data.packs), selective checkpointing,
+           the attention's LoRA projections fused (lorabench.fused)
   unsloth  Unsloth's loader, kernels and LoRA (FastLanguageModel), in a process of its own, when
            the package is installed; otherwise the cell is skipped
 
@@ -110,6 +111,15 @@ def apply_checkpointing(model, train: TrainConfig) -> int:
     for i, layer in enumerate(layers):
         layer.gradient_checkpointing = i < n
     return n
+
+
+def apply_fused_lora(model, c: Config):
+    """The attention's LoRA projections through lorabench.fused (after PEFT has wrapped them)."""
+    if c.backend.fused_lora:
+        from lorabench import fused
+
+        log.info("fused LoRA projections in %d decoder layers", fused.patch_attention(decoder_layers(model)))
+    return model
 
 
 def apply_compile(model, c: Config):

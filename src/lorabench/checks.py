@@ -36,10 +36,14 @@ def check_values(c: Config) -> None:
         raise ValueError("data.packing=true with data=synthetic: synthetic rows are already exactly seq_len "
                          "tokens, there is nothing to pack")
     b = c.backend
-    if b.name is Backend.unsloth and (b.liger or b.pack or b.compile or not b.upcast_fp32):
+    if b.name is Backend.unsloth and (b.liger or b.pack or b.compile or b.fused_lora or not b.upcast_fp32):
         raise ValueError("backend=unsloth is Unsloth's recipe as it is: backend.liger=[], backend.pack=false, "
-                         f"backend.compile=false and backend.upcast_fp32=true (got liger={list(b.liger)}, "
-                         f"pack={b.pack}, compile={b.compile}, upcast_fp32={b.upcast_fp32})")
+                         "backend.compile=false, backend.fused_lora=false and backend.upcast_fp32=true (got "
+                         f"liger={list(b.liger)}, pack={b.pack}, compile={b.compile}, fused_lora={b.fused_lora}, "
+                         f"upcast_fp32={b.upcast_fp32})")
+    if b.fused_lora and c.precision.name is Precision.int8:
+        raise ValueError("backend.fused_lora=true runs 4-bit and 16/32-bit base layers, not precision=int8 "
+                         "(bitsandbytes' 8-bit matmul): use backend.fused_lora=false with it")
     check_model_path(c.model)
     check_data_path(c)
     tokenizer_file(c.model)  # names a missing tokenizer file

@@ -407,6 +407,10 @@ class BackendConfig:
     pack: bool = False
     # torch.compile each decoder layer (fuses the elementwise work between the matmuls).
     compile: bool = False
+    # Each layer's q/k/v and o projections with their LoRA adapters in one autograd Function
+    # (lorabench.fused): the adapter's scale and add inside the base GEMM's epilogue, q/k/v's input
+    # saved once, its gradient summed by cuBLAS; the same arithmetic as PEFT's.
+    fused_lora: bool = False
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.liger) - set(LIGER_OPS))

@@ -179,6 +179,7 @@ def build_trainable_model(c: Config, device: torch.device):
     model = backends.apply_kernels(model, c)  # Liger's fused ops go in before LoRA wraps the layers
     model = modeling.apply_lora(model, c.lora, c.precision.name, c.train.gradient_checkpointing,
                                 c.backend.upcast_fp32)
+    model = backends.apply_fused_lora(model, c)
     checkpointed = backends.apply_checkpointing(model, c.train)
     return backends.apply_compile(model, c), weights, checkpointed
 

@@ -1,0 +1,188 @@
+"""The attention's LoRA projections in one autograd Function (backend.fused_lora).
+
+What PEFT runs for each adapted projection of a decoder layer, forward: bitsandbytes' 4-bit matmul
+(dequantise, GEMM), `result.clone()`, dropout of the input, the two thin adapter matmuls, a multiply
+by the scale and an add; backward: the same again, plus autograd's sum of the input's gradient over
+its consumers (q, k, v's base layers and adapters: six [tokens x 4096] adds per layer). Saved for the
+backward, per projection: its dropped-out input (2 bytes per element) and its mask (1 byte).
+
+`project` does one group of projections that read the same input (q, k and v; or o alone):
+  forward   per projection i: Y_i = X W_i^T (W_i dequantised, not kept), and with an adapter
+            X_d = dropout_i(X) (its mask kept, 1 byte/element), XA_i = X_d A_i^T  [tokens x r],
+            Y_i += s XA_i B_i^T inside the same cuBLAS call (addmm_: the scale and the add are its epilogue)
+  backward  dX = sum_i dY_i W_i (GEMMs accumulating into one buffer: no separate adds);
+            G_i = s dY_i B_i, dB_i = s dY_i^T XA_i, dA_i = G_i^T X_d (X_d rebuilt from X and the mask),
+            dX += mask/(1-p) * (G_i A_i)
+Saved: X once for the group, the masks, XA_i: at batch 16 x 512 tokens that is 64 + 3 x 32 MiB for
+q, k, v against PEFT's 3 x (64 + 32) MiB. The adapters compute in the activations' dtype (bf16), as
+PEFT's do under autocast, and their gradients are returned in the parameters' dtype (fp32).
+
+The arithmetic is PEFT's; only where it happens changes. The LoRA parameters stay PEFT's own modules,
+so saving, loading and merging adapters is unchanged.
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Projection:
+    """One projection of a group: its base linear layer and, when LoRA adapts it, PEFT's layer."""
+    base: nn.Module
+    lora: nn.Module | None  # a peft LoraLayer (it holds lora_A, lora_B, scaling, lora_dropout)
+
+
+def _adapter(lora: nn.Module) -> str:
+    (name,) = lora.active_adapters  # checked in patch_attention: one active adapter
+    return name
+
+
+def _dropout_p(lora: nn.Module, training: bool) -> float:
+    drop = lora.lora_dropout[_adapter(lora)]
+    return float(drop.p) if training and isinstance(drop, nn.Dropout) else 0.0
+
+
+def _dropout(x: torch.Tensor, p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dropout(x), its mask): one kernel, the mask as bool (1 byte per element)."""
+    return torch.native_dropout(x, p, True)
+
+
+def _weight(base: nn.Module, dtype: torch.dtype) -> torch.Tensor:
+    """The base layer's weight [out x in] in `dtype`, dequantised when it is 4-bit (a temporary)."""
+    w = base.weight
+    state = getattr(w, "quant_state", None)
+    if state is None:
+        return w.to(dtype)
+    import bitsandbytes.functional as bnbf
+
+    return bnbf.dequantize_4bit(w.data, state).to(dtype)
+
+
+class _Projections(torch.autograd.Function):
+    """Y_i = X W_i^T + s_i dropout_i(X) A_i^T B_i^T for the projections of one group."""
+
+    @staticmethod
+    def forward(ctx, x, group, ps, *adapters):
+        dtype = x.dtype
+        x2 = x.reshape(-1, x.shape[-1])
+        ys, xas, masks = [], [], []
+        k = 0
+        for proj, p in zip(group, ps):
+            y = x2 @ _weight(proj.base, dtype).t()
+            if proj.lora is not None:
+                a, b = adapters[k].to(dtype), adapters[k + 1].to(dtype)
+                k += 2
+                xd, mask = _dropout(x2, p) if p > 0 else (x2, None)
+                xa = xd @ a.t()
+                y.addmm_(xa, b.t(), alpha=proj.lora.scaling[_adapter(proj.lora)])
+                xas.append(xa)
+                masks.append(mask)
+            ys.append(y.view(*x.shape[:-1], -1))
+        ctx.group, ctx.ps, ctx.shape = group, ps, x.shape
+        ctx.n_masks = [m is not None for m in masks]
+        ctx.save_for_backward(x2, *adapters, *xas, *[m for m in masks if m is not None])
+        return tuple(ys)
+
+    @staticmethod
+    def backward(ctx, *dys):
+        x2, *rest = ctx.saved_tensors
+        n_ad = 2 * sum(proj.lora is not None for proj in ctx.group)
+        adapters, xas, masks = rest[:n_ad], rest[n_ad:n_ad + n_ad // 2], iter(rest[n_ad + n_ad // 2:])
+        dtype = x2.dtype
+        want_dx = ctx.needs_input_grad[0]
+        dx, grads, k = None, [], 0
+        for proj, p, dy in zip(ctx.group, ctx.ps, dys):
+            dy = dy.reshape(-1, dy.shape[-1])
+            if want_dx:  # dX = sum_i dY_i W_i, the sum accumulated by cuBLAS (beta=1)
+                w = _weight(proj.base, dtype)
+                dx = dy @ w if dx is None else dx.addmm_(dy, w)
+            if proj.lora is None:
+                continue
+            a32, b32 = adapters[k], adapters[k + 1]
+            xa, mask = xas[k // 2], next(masks) if ctx.n_masks[k // 2] else None
+            k += 2
+            a, b, s = a32.to(dtype), b32.to(dtype), proj.lora.scaling[_adapter(proj.lora)]
+            g = (dy @ b).mul_(s)  # [tokens x r]
+            db = (dy.t() @ xa).mul_(s)
+            xd = x2 if mask is None else torch.ops.aten.native_dropout_backward(x2, mask, 1 / (1 - p))
+            da = g.t() @ xd
+            if want_dx:
+                if mask is None:
+                    dx.addmm_(g, a)
+                else:
+                    dx.add_(torch.ops.aten.native_dropout_backward(g @ a, mask, 1 / (1 - p)))
+            grads += [da.to(a32.dtype), db.to(b32.dtype)]
+        return (None if dx is None else dx.view(ctx.shape), None, None, *grads)
+
+
+def project(x: torch.Tensor, group: tuple[Projection, ...], training: bool) -> tuple[torch.Tensor, ...]:
+    """The outputs of one group of projections of `x` (see the module's docstring)."""
+    ps, adapters = [], []
+    for proj in group:
+        if proj.lora is None:
+            ps.append(0.0)
+            continue
+        name = _adapter(proj.lora)
+        ps.append(_dropout_p(proj.lora, training))
+        adapters += [proj.lora.lora_A[name].weight, proj.lora.lora_B[name].weight]
+    # Autocast off inside: the Function chooses its dtypes (the activations'); under autocast PEFT's
+    # adapters compute in bf16 too.
+    with torch.autocast(x.device.type, enabled=False):
+        return _Projections.apply(x, group, tuple(ps), *adapters)
+
+
+def _split(module: nn.Module) -> Projection:
+    from peft.tuners.lora import LoraLayer
+
+    if not isinstance(module, LoraLayer):
+        return Projection(base=module, lora=None)
+    if len(module.active_adapters) != 1 or module.use_dora[_adapter(module)] or module.merged:
+        raise ValueError("backend.fused_lora: a projection with several, DoRA or merged adapters")
+    return Projection(base=module.get_base_layer(), lora=module)
+
+
+def check_base(base: nn.Module) -> None:
+    """Refuse base layers the Function cannot run: 8-bit (bitsandbytes' int8 matmul) or with a bias."""
+    if getattr(base, "bias", None) is not None or type(base).__name__ == "Linear8bitLt":
+        raise ValueError(f"backend.fused_lora runs nf4, bf16, fp16 or fp32 base layers without bias, not "
+                         f"{type(base).__name__}: use backend.fused_lora=false with precision=int8")
+
+
+def _attention_forward(self, hidden_states, position_embeddings, attention_mask, past_key_values=None,
+                       **kwargs):
+    """transformers 5's MistralAttention.forward with q, k, v and o through `project`."""
+    from transformers.models.mistral import modeling_mistral as mm
+
+    input_shape = hidden_states.shape[:-1]
+    hidden_shape = (*input_shape, -1, self.head_dim)
+    q, k, v = (t.view(hidden_shape).transpose(1, 2)
+               for t in project(hidden_states, self.lorabench_qkv, self.training))
+    cos, sin = position_embeddings
+    q, k = mm.apply_rotary_pos_emb(q, k, cos, sin)  # looked up per call: Liger's when it is patched in
+    if past_key_values is not None:
+        k, v = past_key_values.update(k, v, self.layer_idx)
+    attention = mm.ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation,
+                                                         mm.eager_attention_forward)
+    out, weights = attention(self, q, k, v, attention_mask, dropout=0.0 if not self.training else self.attention_dropout,
+                             scaling=self.scaling, sliding_window=getattr(self.config, "sliding_window", None),
+                             **kwargs)
+    out = out.reshape(*input_shape, -1).contiguous()
+    (out,) = project(out, self.lorabench_o, self.training)
+    return out, weights
+
+
+def patch_attention(layers) -> int:
+    """Route each decoder layer's attention projections through `project`; returns how many layers."""
+    for layer in layers:
+        attn = layer.self_attn
+        attn.lorabench_qkv = tuple(_split(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj))
+        attn.lorabench_o = (_split(attn.o_proj),)
+        for proj in (*attn.lorabench_qkv, *attn.lorabench_o):
+            check_base(proj.base)
+        attn.forward = types.MethodType(_attention_forward, attn)
+    return len(layers)
