@@ -79,3 +79,57 @@ def test_fused_lora_matches_peft_on_gpu_nf4(same_masks, dropout):
     loss_fused, g_fused, _ = lora_grads([*opt, "backend.fused_lora=true"], cuda)
     assert loss_fused == pytest.approx(loss_peft, rel=1e-2)
     assert_grads_close(g_fused, g_peft, 3e-2)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_seeded_dropout_replays_its_mask_on_gpu():
+    """The Triton dropout keeps ~1-p of the elements, scaled by 1/(1-p), the same ones for the same
+    seed (forward, its replay, and the backward's masked add), other ones for another seed."""
+    from lorabench import dropout_kernels as dk
+
+    x = torch.randn(3000, 4096, device="cuda", dtype=torch.bfloat16)
+    y = dk.dropout(x, 7, 0.1)
+    keep = y != 0
+    assert abs(keep.float().mean().item() - 0.9) < 1e-3
+    torch.testing.assert_close(y[keep], (x / 0.9).to(torch.bfloat16)[keep])
+    assert torch.equal(dk.dropout(x, 7, 0.1), y)
+    assert (dk.dropout(x, 8, 0.1) != 0).ne(keep).float().mean() > 0.1
+    acc = torch.ones_like(x)
+    dk.add_dropped(acc, x, 7, 0.1)
+    torch.testing.assert_close(acc, (1 + x * keep / 0.9).to(torch.bfloat16), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_fused_lora_with_seeded_dropout_matches_its_mask_on_gpu(monkeypatch):
+    """The Function's CUDA path (seeds, no mask kept) against its mask path given the masks the
+    seeds draw: the same outputs and gradients (bf16)."""
+    from lorabench import dropout_kernels as dk
+
+    torch.manual_seed(0)
+    base = nn.Linear(256, 192, bias=False).cuda().to(torch.bfloat16)
+    from peft import LoraConfig, get_peft_model
+
+    net = get_peft_model(nn.Sequential(base), LoraConfig(r=8, lora_alpha=16, lora_dropout=0.2,
+                                                         target_modules=["0"]))
+    lora = net.base_model.model[0]
+    nn.init.normal_(lora.lora_B["default"].weight, std=0.1)
+    group = (fused.Projection(base=lora.get_base_layer(), lora=lora),)
+    x = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+
+    def run():
+        torch.manual_seed(5)
+        (y,) = fused.project(x, group, training=True)
+        y.float().square().sum().backward()
+        out = (y.detach(), x.grad.clone(), lora.lora_A["default"].weight.grad.clone())
+        x.grad = lora.lora_A["default"].weight.grad = lora.lora_B["default"].weight.grad = None
+        return out
+
+    seeded = run()
+    torch.manual_seed(5)
+    seed = int(torch.randint(2**31 - 1, (1,)))
+    mask = dk.dropout(torch.ones_like(x), seed, 0.2) != 0
+    monkeypatch.setattr(fused, "_dropout", lambda x2, p: (x2 * mask / (1 - p), mask))
+    for a, b in zip(seeded, run()):
+        torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)

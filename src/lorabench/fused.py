@@ -47,9 +47,36 @@ def _dropout_p(lora: nn.Module, training: bool) -> float:
     return float(drop.p) if training and isinstance(drop, nn.Dropout) else 0.0
 
 
-def _dropout(x: torch.Tensor, p: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dropout(x), its mask): one kernel, the mask as bool (1 byte per element)."""
+def _dropout(x: torch.Tensor, p: float):
+    """(dropout(x), the key that replays its mask): on CUDA a seed (lorabench.dropout_kernels: no mask
+    kept), elsewhere torch's bool mask (1 byte per element)."""
+    if x.is_cuda:
+        from lorabench import dropout_kernels
+
+        # From the CPU generator: no device sync, and activation checkpointing restores its state
+        # before recomputing a layer, so the recomputed forward draws the same seed.
+        seed = int(torch.randint(2**31 - 1, (1,)))
+        return dropout_kernels.dropout(x, seed, p), seed
     return torch.native_dropout(x, p, True)
+
+
+def _replay(x: torch.Tensor, key, p: float) -> torch.Tensor:
+    """dropout(x) again, with the mask that `key` (a seed or a bool mask) names."""
+    if isinstance(key, int):
+        from lorabench import dropout_kernels
+
+        return dropout_kernels.dropout(x, key, p)
+    return torch.ops.aten.native_dropout_backward(x, key, 1 / (1 - p))
+
+
+def _add_dropped(acc: torch.Tensor, g: torch.Tensor, key, p: float) -> None:
+    """acc += dropout(g) with the mask that `key` names."""
+    if isinstance(key, int):
+        from lorabench import dropout_kernels
+
+        dropout_kernels.add_dropped(acc, g, key, p)
+    else:
+        acc.add_(torch.ops.aten.native_dropout_backward(g, key, 1 / (1 - p)))
 
 
 def _weight(base: nn.Module, dtype: torch.dtype) -> torch.Tensor:
@@ -70,22 +97,24 @@ class _Projections(torch.autograd.Function):
     def forward(ctx, x, group, ps, *adapters):
         dtype = x.dtype
         x2 = x.reshape(-1, x.shape[-1])
-        ys, xas, masks = [], [], []
+        ys, xas, keys = [], [], []
         k = 0
         for proj, p in zip(group, ps):
             y = x2 @ _weight(proj.base, dtype).t()
             if proj.lora is not None:
                 a, b = adapters[k].to(dtype), adapters[k + 1].to(dtype)
                 k += 2
-                xd, mask = _dropout(x2, p) if p > 0 else (x2, None)
+                xd, key = _dropout(x2, p) if p > 0 else (x2, None)
                 xa = xd @ a.t()
+                del xd
                 y.addmm_(xa, b.t(), alpha=proj.lora.scaling[_adapter(proj.lora)])
                 xas.append(xa)
-                masks.append(mask)
+                keys.append(key)
             ys.append(y.view(*x.shape[:-1], -1))
         ctx.group, ctx.ps, ctx.shape = group, ps, x.shape
-        ctx.n_masks = [m is not None for m in masks]
-        ctx.save_for_backward(x2, *adapters, *xas, *[m for m in masks if m is not None])
+        # Seeds (and None) stay on ctx, bool masks go through save_for_backward.
+        ctx.keys = [None if isinstance(k, torch.Tensor) else k for k in keys]
+        ctx.save_for_backward(x2, *adapters, *xas, *[k for k in keys if isinstance(k, torch.Tensor)])
         return tuple(ys)
 
     @staticmethod
@@ -93,6 +122,8 @@ class _Projections(torch.autograd.Function):
         x2, *rest = ctx.saved_tensors
         n_ad = 2 * sum(proj.lora is not None for proj in ctx.group)
         adapters, xas, masks = rest[:n_ad], rest[n_ad:n_ad + n_ad // 2], iter(rest[n_ad + n_ad // 2:])
+        keys = [next(masks) if k is None and p > 0 else k
+                for k, p in zip(ctx.keys, [p for proj, p in zip(ctx.group, ctx.ps) if proj.lora is not None])]
         dtype = x2.dtype
         want_dx = ctx.needs_input_grad[0]
         dx, grads, k = None, [], 0
@@ -104,18 +135,17 @@ class _Projections(torch.autograd.Function):
             if proj.lora is None:
                 continue
             a32, b32 = adapters[k], adapters[k + 1]
-            xa, mask = xas[k // 2], next(masks) if ctx.n_masks[k // 2] else None
+            xa, key = xas[k // 2], keys[k // 2]
             k += 2
             a, b, s = a32.to(dtype), b32.to(dtype), proj.lora.scaling[_adapter(proj.lora)]
             g = (dy @ b).mul_(s)  # [tokens x r]
             db = (dy.t() @ xa).mul_(s)
-            xd = x2 if mask is None else torch.ops.aten.native_dropout_backward(x2, mask, 1 / (1 - p))
-            da = g.t() @ xd
+            da = g.t() @ (x2 if key is None else _replay(x2, key, p))
             if want_dx:
-                if mask is None:
+                if key is None:
                     dx.addmm_(g, a)
                 else:
-                    dx.add_(torch.ops.aten.native_dropout_backward(g @ a, mask, 1 / (1 - p)))
+                    _add_dropped(dx, g @ a, key, p)
             grads += [da.to(a32.dtype), db.to(b32.dtype)]
         return (None if dx is None else dx.view(ctx.shape), None, None, *grads)
 

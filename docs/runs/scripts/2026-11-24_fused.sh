@@ -20,6 +20,12 @@ case $2 in
     run $s hydra.sweep.dir=$D/a10 gpu=a10 "$sub" backend=fast batch=16 train.checkpoint_fraction=0.75,0.625,0.5 backend.fused_lora=true
     run $s hydra.sweep.dir=$D/auto gpu=auto backend=fast batch=24 train.checkpoint_fraction=0 backend.fused_lora=false,true \
       train.profile_steps=2 'hydra.sweep.subdir=fast_b24_fused${backend.fused_lora}' ;;
+  probe2)  # seeded dropout (no masks kept): what fits in 22 GiB now, and the whole GPU
+    python3 -m pytest -q -m gpu tests/test_fused.py tests/test_backends.py -k "fused or fast_path or seeded" 2>&1 | tail -3
+    sub='hydra.sweep.subdir=${backend.name}_b${batch}_f${train.checkpoint_fraction}'
+    run $s hydra.sweep.dir=$D/a10 gpu=a10 "$sub" backend=fast batch=16 train.checkpoint_fraction=0.5,0.375
+    run $s hydra.sweep.dir=$D/a10 gpu=a10 "$sub" backend=fast batch=24 train.checkpoint_fraction=0.75,0.625
+    run $s hydra.sweep.dir=$D/auto gpu=auto "$sub" backend=fast batch=24,32 train.checkpoint_fraction=0 train.profile_steps=2 ;;
 esac
 echo "exit after $((SECONDS - t0)) s"
 (cd $OUT && tar czf $2.tgz $2 && rm -rf $2)
