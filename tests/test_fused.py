@@ -33,7 +33,7 @@ def same_masks(monkeypatch):
     """PEFT's dropout modules and the Function's dropout draw one mask source."""
     import peft.tuners.lora.layer as lora_layer
 
-    def dropout(x, p):
+    def dropout(x, p, seeded):
         m = _mask(x, p)
         return x * m / (1 - p), m
 
@@ -120,7 +120,7 @@ def test_fused_lora_with_seeded_dropout_matches_its_mask_on_gpu(monkeypatch):
 
     def run():
         torch.manual_seed(5)
-        (y,) = fused.project(x, group, training=True)
+        (y,) = fused.project(x, group, training=True, seeded=True)
         y.float().square().sum().backward()
         out = (y.detach(), x.grad.clone(), lora.lora_A["default"].weight.grad.clone())
         x.grad = lora.lora_A["default"].weight.grad = lora.lora_B["default"].weight.grad = None
@@ -130,6 +130,6 @@ def test_fused_lora_with_seeded_dropout_matches_its_mask_on_gpu(monkeypatch):
     torch.manual_seed(5)
     seed = int(torch.randint(2**31 - 1, (1,)))
     mask = dk.dropout(torch.ones_like(x), seed, 0.2) != 0
-    monkeypatch.setattr(fused, "_dropout", lambda x2, p: (x2 * mask / (1 - p), mask))
+    monkeypatch.setattr(fused, "_dropout", lambda x2, p, seeded: (x2 * mask / (1 - p), mask))
     for a, b in zip(seeded, run()):
         torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)

@@ -118,7 +118,7 @@ def apply_fused_lora(model, c: Config):
     if c.backend.fused_lora:
         from lorabench import fused
 
-        log.info("fused LoRA projections in %d decoder layers", fused.patch_attention(decoder_layers(model)))
+        log.info("fused LoRA projections in %d decoder layers", fused.patch_attention(decoder_layers(model), c.backend.seeded_dropout))
     return model
 
 

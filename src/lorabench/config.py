@@ -411,6 +411,9 @@ class BackendConfig:
     # (lorabench.fused): the adapter's scale and add inside the base GEMM's epilogue, q/k/v's input
     # saved once, its gradient summed by cuBLAS; the same arithmetic as PEFT's.
     fused_lora: bool = False
+    # With fused_lora on CUDA: LoRA dropout's masks drawn from a seed by a Triton kernel and drawn again
+    # in the backward, none kept (a bool mask is 1 byte per element: 32 MiB per projection at 16 x 512).
+    seeded_dropout: bool = False
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.liger) - set(LIGER_OPS))

@@ -47,10 +47,10 @@ def _dropout_p(lora: nn.Module, training: bool) -> float:
     return float(drop.p) if training and isinstance(drop, nn.Dropout) else 0.0
 
 
-def _dropout(x: torch.Tensor, p: float):
-    """(dropout(x), the key that replays its mask): on CUDA a seed (lorabench.dropout_kernels: no mask
-    kept), elsewhere torch's bool mask (1 byte per element)."""
-    if x.is_cuda:
+def _dropout(x: torch.Tensor, p: float, seeded: bool):
+    """(dropout(x), the key that replays its mask): with `seeded` on CUDA a seed
+    (lorabench.dropout_kernels: no mask kept), else torch's bool mask (1 byte per element)."""
+    if seeded and x.is_cuda:
         from lorabench import dropout_kernels
 
         # From the CPU generator: no device sync, and activation checkpointing restores its state
@@ -94,7 +94,7 @@ class _Projections(torch.autograd.Function):
     """Y_i = X W_i^T + s_i dropout_i(X) A_i^T B_i^T for the projections of one group."""
 
     @staticmethod
-    def forward(ctx, x, group, ps, *adapters):
+    def forward(ctx, x, group, ps, seeded, *adapters):
         dtype = x.dtype
         x2 = x.reshape(-1, x.shape[-1])
         ys, xas, keys = [], [], []
@@ -104,7 +104,7 @@ class _Projections(torch.autograd.Function):
             if proj.lora is not None:
                 a, b = adapters[k].to(dtype), adapters[k + 1].to(dtype)
                 k += 2
-                xd, key = _dropout(x2, p) if p > 0 else (x2, None)
+                xd, key = _dropout(x2, p, seeded) if p > 0 else (x2, None)
                 xa = xd @ a.t()
                 del xd
                 y.addmm_(xa, b.t(), alpha=proj.lora.scaling[_adapter(proj.lora)])
@@ -147,10 +147,11 @@ class _Projections(torch.autograd.Function):
                 else:
                     _add_dropped(dx, g @ a, key, p)
             grads += [da.to(a32.dtype), db.to(b32.dtype)]
-        return (None if dx is None else dx.view(ctx.shape), None, None, *grads)
+        return (None if dx is None else dx.view(ctx.shape), None, None, None, *grads)
 
 
-def project(x: torch.Tensor, group: tuple[Projection, ...], training: bool) -> tuple[torch.Tensor, ...]:
+def project(x: torch.Tensor, group: tuple[Projection, ...], training: bool,
+            seeded: bool = False) -> tuple[torch.Tensor, ...]:
     """The outputs of one group of projections of `x` (see the module's docstring)."""
     ps, adapters = [], []
     for proj in group:
@@ -163,7 +164,7 @@ def project(x: torch.Tensor, group: tuple[Projection, ...], training: bool) -> t
     # Autocast off inside: the Function chooses its dtypes (the activations'); under autocast PEFT's
     # adapters compute in bf16 too.
     with torch.autocast(x.device.type, enabled=False):
-        return _Projections.apply(x, group, tuple(ps), *adapters)
+        return _Projections.apply(x, group, tuple(ps), seeded, *adapters)
 
 
 def _split(module: nn.Module) -> Projection:
@@ -191,7 +192,7 @@ def _attention_forward(self, hidden_states, position_embeddings, attention_mask,
     input_shape = hidden_states.shape[:-1]
     hidden_shape = (*input_shape, -1, self.head_dim)
     q, k, v = (t.view(hidden_shape).transpose(1, 2)
-               for t in project(hidden_states, self.lorabench_qkv, self.training))
+               for t in project(hidden_states, self.lorabench_qkv, self.training, self.lorabench_seeded))
     cos, sin = position_embeddings
     q, k = mm.apply_rotary_pos_emb(q, k, cos, sin)  # looked up per call: Liger's when it is patched in
     if past_key_values is not None:
@@ -202,14 +203,15 @@ def _attention_forward(self, hidden_states, position_embeddings, attention_mask,
                              scaling=self.scaling, sliding_window=getattr(self.config, "sliding_window", None),
                              **kwargs)
     out = out.reshape(*input_shape, -1).contiguous()
-    (out,) = project(out, self.lorabench_o, self.training)
+    (out,) = project(out, self.lorabench_o, self.training, self.lorabench_seeded)
     return out, weights
 
 
-def patch_attention(layers) -> int:
+def patch_attention(layers, seeded_dropout: bool) -> int:
     """Route each decoder layer's attention projections through `project`; returns how many layers."""
     for layer in layers:
         attn = layer.self_attn
+        attn.lorabench_seeded = seeded_dropout
         attn.lorabench_qkv = tuple(_split(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj))
         attn.lorabench_o = (_split(attn.o_proj),)
         for proj in (*attn.lorabench_qkv, *attn.lorabench_o):
