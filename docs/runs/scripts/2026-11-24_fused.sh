@@ -40,20 +40,20 @@ case $2 in
   t512|t512d0)
     d=; [ $2 = t512d0 ] && d=lora.dropout=0
     run $s $d hydra.sweep.dir=$D/a10 gpu=a10 "$sub" backend=hf batch=8 train.checkpoint_fraction=1
-    run $s $d hydra.sweep.dir=$D/a10 gpu=a10 "$sub" backend=fast batch=16 train.checkpoint_fraction=0.5 backend.seeded_dropout=false,true
-    [ $2 = t512 ] && run $s $d hydra.sweep.dir=$D/a10 gpu=a10 "$sub" backend=fast batch=24 train.checkpoint_fraction=0.625 backend.seeded_dropout=true
+    [ $2 = t512 ] && run $s $d hydra.sweep.dir=$D/a10 gpu=a10 "$sub" backend=fast batch=16 train.checkpoint_fraction=0.5 backend.seeded_dropout=false,true
+    run $s $d hydra.sweep.dir=$D/a10 gpu=a10 "$sub" backend=fast batch=24 train.checkpoint_fraction=0.625 backend.seeded_dropout=true
     [ $2 = t512d0 ] && run $s $d hydra.sweep.dir=$D/a10 gpu=a10 "$sub" backend=fast batch=16 train.checkpoint_fraction=0.375
     run $s $d hydra.sweep.dir=$D/a10 gpu=a10 "$sub" backend=unsloth batch=32 train.checkpoint_fraction=1
     run $s $d hydra.sweep.dir=$D/auto gpu=auto "$sub" backend=fast batch=32 train.checkpoint_fraction=0 train.profile_steps=2
     run $s $d hydra.sweep.dir=$D/auto gpu=auto "$sub" backend=unsloth batch=24 train.checkpoint_fraction=0
     if [ $2 = t512d0 ]; then
       run $sg hydra.sweep.dir=$D/sharegpt "$sub" backend=hf batch=8 train.checkpoint_fraction=1 data.packing=true
-      run $sg hydra.sweep.dir=$D/sharegpt "$sub" backend=fast batch=16 train.checkpoint_fraction=0.5
+      run $sg hydra.sweep.dir=$D/sharegpt "$sub" backend=fast batch=24 train.checkpoint_fraction=0.625
     fi ;;
   long)
-    for sb in "1024 8 4 16" "2048 4 2 8"; do set -- $1 $2 $sb
+    for sb in "1024 8 12 16" "2048 4 6 8"; do set -- $1 $2 $sb
       run $s seq_len=$3 hydra.sweep.dir=$D/s$3 gpu=a10 "$sub" backend=hf batch=$4 train.checkpoint_fraction=1
-      run $s seq_len=$3 hydra.sweep.dir=$D/s$3 gpu=a10 "$sub" backend=fast batch=$4 train.checkpoint_fraction=0.5
+      run $s seq_len=$3 hydra.sweep.dir=$D/s$3 gpu=a10 "$sub" backend=fast batch=$5 train.checkpoint_fraction=0.625
       run $s seq_len=$3 hydra.sweep.dir=$D/s$3 gpu=a10 "$sub" backend=unsloth batch=$6 train.checkpoint_fraction=1
     done; set -- $1 long ;;
 esac
