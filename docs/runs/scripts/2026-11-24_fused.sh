@@ -53,7 +53,7 @@ case $2 in
   long)
     for sb in "1024 8 12 16" "2048 4 6 8"; do set -- $1 $2 $sb
       run $s seq_len=$3 hydra.sweep.dir=$D/s$3 gpu=a10 "$sub" backend=hf batch=$4 train.checkpoint_fraction=1
-      run $s seq_len=$3 hydra.sweep.dir=$D/s$3 gpu=a10 "$sub" backend=fast batch=$5 train.checkpoint_fraction=0.625
+      run $s seq_len=$3 hydra.sweep.dir=$D/s$3 gpu=a10 "$sub" backend=fast batch=$4,$5 train.checkpoint_fraction=0.625
       run $s seq_len=$3 hydra.sweep.dir=$D/s$3 gpu=a10 "$sub" backend=unsloth batch=$6 train.checkpoint_fraction=1
     done; set -- $1 long ;;
 esac
