@@ -8,6 +8,7 @@
 #   t512     seq 512, fixed-length rows, the seed's recipe (LoRA dropout 0.05): hf's seed cell, fast and
 #            Unsloth within the A10's 22 GiB and on the whole GPU (fast's best cell profiled)
 #   t512d0   the same with lora.dropout=0 (Unsloth's default), and ShareGPT packed for hf and fast
+#   sharegpt the 2,000 ShareGPT conversations packed, for hf and fast, within 22 GiB
 #   long     seq 1024 and 2048 within 22 GiB: hf's best cell that fits, fast's, Unsloth's
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
@@ -50,6 +51,9 @@ case $2 in
       run $sg hydra.sweep.dir=$D/sharegpt "$sub" backend=hf batch=8 train.checkpoint_fraction=1 data.packing=true
       run $sg hydra.sweep.dir=$D/sharegpt "$sub" backend=fast batch=24 train.checkpoint_fraction=0.625
     fi ;;
+  sharegpt)  # t512d0's fast cell on ShareGPT (b24, 0.625) ran out of the 22 GiB: packed rows, next size down
+    run $sg hydra.sweep.dir=$D/sharegpt "$sub" backend=hf batch=8 train.checkpoint_fraction=1 data.packing=true
+    run $sg hydra.sweep.dir=$D/sharegpt "$sub" backend=fast batch=16 train.checkpoint_fraction=0.5,0.625 ;;
   long)
     for sb in "1024 8 12 16" "2048 4 6 8"; do set -- $1 $2 $sb
       run $s seq_len=$3 hydra.sweep.dir=$D/s$3 gpu=a10 "$sub" backend=hf batch=$4 train.checkpoint_fraction=1
