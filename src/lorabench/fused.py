@@ -13,7 +13,8 @@ backward, per projection: its dropped-out input (2 bytes per element) and its ma
   backward  dX = sum_i dY_i W_i (GEMMs accumulating into one buffer: no separate adds);
             G_i = s dY_i B_i, dB_i = s dY_i^T XA_i, dA_i = G_i^T X_d (X_d rebuilt from X and the mask),
             dX += mask/(1-p) * (G_i A_i)
-Saved: X once for the group, the masks, XA_i: at batch 16 x 512 tokens that is 64 + 3 x 32 MiB for
+Saved: X once for the group, XA_i, and the masks as bool (1 byte/element), or with seeded dropout
+(lorabench.dropout_kernels, CUDA) only their seeds: at batch 16 x 512 tokens 64 (+ 3 x 32) MiB for
 q, k, v against PEFT's 3 x (64 + 32) MiB. The adapters compute in the activations' dtype (bf16), as
 PEFT's do under autocast, and their gradients are returned in the parameters' dtype (fp32).
 
