@@ -162,8 +162,10 @@ def project(x: torch.Tensor, group: tuple[Projection, ...], training: bool,
         name = _adapter(proj.lora)
         ps.append(_dropout_p(proj.lora, training))
         adapters += [proj.lora.lora_A[name].weight, proj.lora.lora_B[name].weight]
-    # Autocast off inside: the Function chooses its dtypes (the activations'); under autocast PEFT's
-    # adapters compute in bf16 too.
+    # Under autocast the GEMMs run in its dtype (bf16), as PEFT's and bitsandbytes' would, also when the
+    # residual stream is fp32 (QLoRA's upcast); inside, autocast is off and the Function keeps that dtype.
+    if torch.is_autocast_enabled(x.device.type):
+        x = x.to(torch.get_autocast_dtype(x.device.type))
     with torch.autocast(x.device.type, enabled=False):
         return _Projections.apply(x, group, tuple(ps), seeded, *adapters)
 
