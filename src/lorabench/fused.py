@@ -113,9 +113,10 @@ class _Projections(torch.autograd.Function):
                 keys.append(key)
             ys.append(y.view(*x.shape[:-1], -1))
         ctx.group, ctx.ps, ctx.shape = group, ps, x.shape
-        # Seeds (and None) stay on ctx, bool masks go through save_for_backward.
-        ctx.keys = [None if isinstance(k, torch.Tensor) else k for k in keys]
-        ctx.save_for_backward(x2, *adapters, *xas, *[k for k in keys if isinstance(k, torch.Tensor)])
+        # Seeds (and None) stay on ctx as they are, bool masks go through save_for_backward.
+        masks = [k for k in keys if isinstance(k, torch.Tensor)]
+        ctx.keys = ["mask" if isinstance(k, torch.Tensor) else k for k in keys]
+        ctx.save_for_backward(x2, *adapters, *xas, *masks)
         return tuple(ys)
 
     @staticmethod
@@ -123,8 +124,7 @@ class _Projections(torch.autograd.Function):
         x2, *rest = ctx.saved_tensors
         n_ad = 2 * sum(proj.lora is not None for proj in ctx.group)
         adapters, xas, masks = rest[:n_ad], rest[n_ad:n_ad + n_ad // 2], iter(rest[n_ad + n_ad // 2:])
-        keys = [next(masks) if k is None and p > 0 else k
-                for k, p in zip(ctx.keys, [p for proj, p in zip(ctx.group, ctx.ps) if proj.lora is not None])]
+        keys = [next(masks) if k == "mask" else k for k in ctx.keys]
         dtype = x2.dtype
         want_dx = ctx.needs_input_grad[0]
         dx, grads, k = None, [], 0
