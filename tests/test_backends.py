@@ -24,7 +24,7 @@ def lora_grads(overrides, device, steps_batch=4):
         ds, _ = data.build_dataset(c, tok)
         batch = data.build_collator(c, tok)([ds[i] for i in range(steps_batch)])
         batch.pop(data.REAL_TOKENS, None)
-        model, _, checkpointed = build_trainable_model(c, device)
+        model, _, (checkpointed, _) = build_trainable_model(c, device)
         model.train()
         # PEFT starts lora_B at zero, which leaves lora_A without a gradient: give B seeded values
         # so that both halves of every adapter are compared.
@@ -80,7 +80,7 @@ def test_fast_path_gradients_match_hf_on_cpu(monkeypatch, liger):
 def test_checkpoint_fraction_selects_layers():
     c = OmegaConf.to_object(compose_cfg(["model.num_hidden_layers=4", "train.gradient_checkpointing=true",
                                          "train.checkpoint_fraction=0.5"]))
-    model, _, n = build_trainable_model(c, torch.device("cpu"))
+    model, _, (n, _) = build_trainable_model(c, torch.device("cpu"))
     assert n == 2 and [layer.gradient_checkpointing for layer in backends.decoder_layers(model)] == \
         [True, True, False, False]
 

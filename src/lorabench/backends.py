@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from lorabench import modeling
+from lorabench import offload as offloading
 from lorabench.config import QUANTISED, Backend, Config, Precision, TrainConfig
 from lorabench.results import CellSkipped
 
@@ -98,19 +99,26 @@ def decoder_layers(model):
     return base.model.layers
 
 
-def apply_checkpointing(model, train: TrainConfig) -> int:
-    """Activation checkpointing of the first round(fraction x layers) decoder layers; returns how
-    many. The others keep their activations for the backward pass: memory spent to save their
-    recomputation (a third of a layer's forward + backward FLOPs)."""
-    if not train.gradient_checkpointing:
-        return 0
-    # Non-reentrant: it works with frozen inputs and DDP, and it is what PyTorch recommends.
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+def apply_checkpointing(model, train: TrainConfig, device: torch.device) -> tuple[int, int]:
+    """Activation checkpointing of round(checkpoint_fraction x layers) decoder layers and host
+    offloading of round(offload_fraction x layers) (lorabench.offload.layer_plan says which); returns
+    (recomputed, offloaded). The others keep their activations for the backward pass: memory spent
+    to save their recomputation (a third of a layer's forward + backward FLOPs)."""
     layers = decoder_layers(model)
-    n = round(train.checkpoint_fraction * len(layers))
-    for i, layer in enumerate(layers):
-        layer.gradient_checkpointing = i < n
-    return n
+    recompute = round(train.checkpoint_fraction * len(layers)) if train.gradient_checkpointing else 0
+    offload = min(round(train.offload_fraction * len(layers)), len(layers) - recompute)
+    plan = offloading.layer_plan(len(layers), recompute, offload)
+    if recompute:
+        # Non-reentrant: it works with frozen inputs and DDP, and it is what PyTorch recommends.
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        for layer, how in zip(layers, plan):
+            layer.gradient_checkpointing = how == offloading.RECOMPUTE
+    # On the model, for the cell's record of what went to host memory (lorabench.loop).
+    model.lorabench_offloader = offloading.apply(layers, plan, device)
+    if model.lorabench_offloader is not None:
+        log.info("decoder layers, bottom first (r recomputed, o offloaded to host memory, k kept): %s",
+                 "".join(how[0] for how in plan))
+    return recompute, offload
 
 
 def apply_fused_lora(model, c: Config):
@@ -132,7 +140,7 @@ def apply_compile(model, c: Config):
 
 
 def build_unsloth(c: Config, device: torch.device):
-    """(model, weights, checkpointed layers) through Unsloth's FastLanguageModel: its loader (the
+    """(model, weights, (checkpointed layers, 0 offloaded)) through Unsloth's FastLanguageModel: its loader (the
     same bitsandbytes quantisation), its patched Mistral (Triton RMSNorm, RoPE and cross-entropy, its
     fused LoRA autograd for the adapted layers) and its activation checkpointing, for a head-to-head with the other backends.
 
@@ -162,7 +170,7 @@ def build_unsloth(c: Config, device: torch.device):
         use_gradient_checkpointing="unsloth" if checkpointed else False,
         checkpoint_skip_layers=n_layers - checkpointed if checkpointed else 0,
         random_state=c.train.seed, max_seq_length=c.seq_len)
-    return model, c.model.path or "random_init", checkpointed
+    return model, c.model.path or "random_init", (checkpointed, 0)
 
 
 def saved_random_init(c: Config, device: torch.device) -> Path:

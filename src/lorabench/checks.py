@@ -41,6 +41,9 @@ def check_values(c: Config) -> None:
                          "backend.compile=false, backend.fused_lora=false and backend.upcast_fp32=true (got "
                          f"liger={list(b.liger)}, pack={b.pack}, compile={b.compile}, fused_lora={b.fused_lora}, "
                          f"upcast_fp32={b.upcast_fp32})")
+    if b.name is Backend.unsloth and c.train.offload_fraction:
+        raise ValueError(f"train.offload_fraction={c.train.offload_fraction:g} is lorabench's offloading; "
+                         "backend=unsloth runs its own (it offloads its checkpointed layers' inputs): use 0 with it")
     if b.fused_lora and c.precision.name is Precision.int8:
         raise ValueError("backend.fused_lora=true runs 4-bit and 16/32-bit base layers, not precision=int8 "
                          "(bitsandbytes' 8-bit matmul): use backend.fused_lora=false with it")

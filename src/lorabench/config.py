@@ -310,6 +310,12 @@ class TrainConfig:
     # in the backward pass (the first round(f x layers)); 1 = every layer (HF's), 0 = none. Each
     # layer left out costs its activations' memory and saves a third of its compute.
     checkpoint_fraction: float = 1.0
+    # The fraction of decoder layers whose saved activations wait in pinned host memory between the
+    # forward and the backward pass, copied out and back on side streams (lorabench.offload):
+    # memory of a kept layer at about the speed of one, as far as the host link keeps up (an H100's
+    # PCIe 5: ~55 GB/s). Taken from the layers that checkpoint_fraction leaves unrecomputed, lowest
+    # first, interleaved with the recomputed ones; the two fractions add up to at most 1.
+    offload_fraction: float = 0.0
     seed: int = 0
     device: Device = Device.auto
     # Host memory the cell's processes may hold (GiB, resident); past it the cell stops, recorded oom.
@@ -329,6 +335,10 @@ class TrainConfig:
         _positive("train.nnodes", self.nnodes)
         if not 0.0 <= self.checkpoint_fraction <= 1.0:
             raise ValueError(f"train.checkpoint_fraction must be in [0, 1], got {self.checkpoint_fraction!r}")
+        recomputed = self.checkpoint_fraction if self.gradient_checkpointing else 0.0
+        if not 0.0 <= self.offload_fraction <= 1.0 - recomputed + 1e-9:
+            raise ValueError(f"train.offload_fraction must be in [0, 1 - recomputed fraction = {1 - recomputed:g}]"
+                             f" (train.checkpoint_fraction={self.checkpoint_fraction:g}), got {self.offload_fraction!r}")
         if self.save_steps < 0:
             raise ValueError(f"train.save_steps must be >= 0 (0 = no periodic checkpoint), got {self.save_steps}")
         if self.timing_warmup_steps is not None and not 0 <= self.timing_warmup_steps < self.max_steps:

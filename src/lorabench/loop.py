@@ -50,14 +50,15 @@ def _measure(c: Config, run_dir: Path, result: CellResult, logger: MetricLogger,
 
     # ---- model: base weights at the cell's precision, then LoRA adapters
     t0 = time.perf_counter()
-    model, weights, checkpointed = build_trainable_model(c, device)
+    model, weights, (checkpointed, offloaded) = build_trainable_model(c, device)
     load_s = time.perf_counter() - t0
     params = modeling.count_params(model)
     result.model = {"name": c.model.name, "weights": weights, "load_s": load_s, **params,
-                    "checkpointed_layers": checkpointed}
+                    "checkpointed_layers": checkpointed, "offloaded_layers": offloaded}
     log.info("model %s (%s) at %s on %s in %.1f s: %.1fM matmul params, %.2fM trainable; backend %s, "
-             "%d layers checkpointed", c.model.name, weights, c.precision.name.value, device, load_s,
-             params["base_matmul"] / 1e6, params["trainable"] / 1e6, c.backend.name.value, checkpointed)
+             "%d layers checkpointed, %d offloaded", c.model.name, weights, c.precision.name.value, device,
+             load_s, params["base_matmul"] / 1e6, params["trainable"] / 1e6, c.backend.name.value, checkpointed,
+             offloaded)
 
     # ---- training: HF Trainer runs the seed's recipe; the meter times it
     sampler = NvmlSampler(device) if device.type == "cuda" else None
@@ -160,6 +161,8 @@ def _measure(c: Config, run_dir: Path, result: CellResult, logger: MetricLogger,
     metrics.update(data_stats)
     metrics.update(memory_stats(device))
     metrics["host/rss_peak_gib"] = guard.peak_gib  # this process and its workers, sampled every 0.1 s
+    if getattr(model, "lorabench_offloader", None) is not None:  # train.offload_fraction > 0
+        metrics.update(model.lorabench_offloader.metrics())
     if sampler:
         metrics.update(sampler.summary())
     if profile:
@@ -171,7 +174,7 @@ def _measure(c: Config, run_dir: Path, result: CellResult, logger: MetricLogger,
 
 
 def build_trainable_model(c: Config, device: torch.device):
-    """(model, weights, checkpointed layers): the base model at the cell's precision, the backend's
+    """(model, weights, (checkpointed layers, offloaded layers)): the base model at the cell's precision, the backend's
     kernels, LoRA adapters, activation checkpointing, compilation; ready for the Trainer."""
     if c.backend.name is Backend.unsloth:
         return backends.build_unsloth(c, device)  # Unsloth's loader and LoRA do all of it
@@ -180,8 +183,8 @@ def build_trainable_model(c: Config, device: torch.device):
     model = modeling.apply_lora(model, c.lora, c.precision.name, c.train.gradient_checkpointing,
                                 c.backend.upcast_fp32)
     model = backends.apply_fused_lora(model, c)
-    checkpointed = backends.apply_checkpointing(model, c.train)
-    return backends.apply_compile(model, c), weights, checkpointed
+    checkpointed, offloaded = backends.apply_checkpointing(model, c.train, device)
+    return backends.apply_compile(model, c), weights, (checkpointed, offloaded)
 
 
 def last_checkpoint(ckpt_dir: Path) -> Path | None:

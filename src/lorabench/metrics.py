@@ -10,7 +10,9 @@ Tokens, counted per micro-batch from what the model actually received:
   perf/total_tokens_per_s  every position, padding included (what a padded batch costs)
   perf/label_tokens_per_s  tokens that carry loss (labels != -100)
 Memory: torch's peak allocated / reserved bytes since the end of warmup (the caching allocator's
-pool; nvidia-smi shows reserved + CUDA context + other processes).
+pool; nvidia-smi shows reserved + CUDA context + other processes). With train.offload_fraction:
+  mem/host_offload_peak_gib   pinned host memory that one micro-batch's offloaded activations hold
+  count/offload_late_tensors  offloaded tensors the backward waited for (not prefetched in time)
 MFU: model FLOPs per non-pad token over the GPU's dense bf16 peak, with
   FLOPs = (4*N_base + 6*N_lora) per token + 12*L*H*head_dim*l^2 per sample of l tokens.
   A frozen base weight costs 2 (forward) + 2 (input gradient) FLOPs per token and has no weight

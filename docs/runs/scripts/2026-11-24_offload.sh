@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Issue 19, second round: train.offload_fraction (lorabench.offload) within the A10's 22 GiB, on the GPU
+# at hand (the device tool), in parts that each fit one call:
+#   bash docs/runs/scripts/2026-11-24_offload.sh <commit> <part>
+# with .whl/, .whl_unsloth/ and .gpudata/ as for docs/runs/scripts/2026-11-24_fused.sh. Each part
+# writes its sweep dirs to $OUT/<part>.tgz.
+#   probe     the offload GPU tests; seq 2048 b6: recomputed / offloaded / kept layers traded
+#   long      seq 1024 and 2048: hf's best cell that fits, fast as before, fast with offloading, Unsloth
+#   t512      seq 512, the seed's recipe: hf's seed cell, fast as before and with offloading, Unsloth;
+#             ShareGPT packed for hf and fast
+set -u
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
+  $(ls .whl_unsloth/*.whl 2>/dev/null) || exit 1
+[ -f .gpudata/sharegpt_2000.jsonl.xz ] && python3 -c "import lzma, shutil; shutil.copyfileobj(
+  lzma.open('.gpudata/sharegpt_2000.jsonl.xz'), open('/tmp/sharegpt_2000.jsonl', 'wb'))"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit,temperature.gpu --format=csv > $OUT/gpu_$2.csv
+export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 LORABENCH_CACHE=/tmp/cache LORABENCH_GIT_SHA=$1
+D=$OUT/$2; t0=$SECONDS
+s="-m +experiment=seed_optimum data=synthetic train.max_steps=20 gpu=a10"
+sub='hydra.sweep.subdir=${backend.name}_s${seq_len}_b${batch}_r${train.checkpoint_fraction}_o${train.offload_fraction}'
+sg="-m +experiment=seed_optimum train.max_steps=20 gpu=a10 data=jsonl data.path=/tmp/sharegpt_2000.jsonl data.max_samples=null"
+run() { echo "== $*"; timeout $((580 - (SECONDS - t0))) python3 train.py "$@" 2>&1 \
+  | grep -E "cells:|Error|error:|layers, bottom first|^\| [^c-]" ; }
+case $2 in
+  probe)
+    python3 -m pytest -q -m gpu tests/test_offload.py tests/test_fused.py 2>&1 | tail -2
+    x="seq_len=2048 batch=6 hydra.sweep.dir=$D/s2048"
+    run $s $x "$sub" backend=fast train.checkpoint_fraction=0.625 train.offload_fraction=0
+    run $s $x "$sub" backend=fast train.checkpoint_fraction=0.375 train.offload_fraction=0.25,0.375
+    run $s $x "$sub" backend=fast train.checkpoint_fraction=0.25 train.offload_fraction=0.375,0.5
+    run $s $x "$sub" backend=fast train.checkpoint_fraction=0.125 train.offload_fraction=0.5,0.625
+    run $s $x "$sub" backend=fast train.checkpoint_fraction=0 train.offload_fraction=0.625,0.75 ;;
+esac
+echo "exit after $((SECONDS - t0)) s"
+(cd $OUT && tar czf $2.tgz $2 && rm -rf $2)

@@ -1,0 +1,170 @@
+"""The saved activations of chosen decoder layers held in pinned host memory between the forward and
+the backward pass (train.offload_fraction), copied on side streams so that the copies overlap compute.
+
+Within a memory budget a decoder layer either keeps what its backward needs (Mistral-7B under
+backend=fast: ~100 KiB per token, 1.2 GiB at 6 x 2,048 tokens) or is recomputed in the backward
+(+~35% of its compute: all but the down projection runs twice). Offloading is a third choice: the
+layer's saved tensors go to host memory while the layers above it compute their forward, and come back
+while the layers above it compute their backward. The host link bounds how much: an H100's PCIe 5
+moves ~55 GB/s each way (bench.py's hw/d2h_pinned_gbs), ~0.5 GB during the ~9 ms forward of one layer
+at 12,288 tokens, so one layer's 1.2 GB takes the forward time of ~2.4 layers. So offloaded layers are
+interleaved with recomputed ones (which save almost nothing in the forward and take longest in the
+backward) instead of stacked (`layer_plan`), and a layer's tensors are fetched back two layers ahead
+(LOOKAHEAD). An A10's PCIe 4 moves about half as much: there fewer layers can be offloaded for free.
+
+torch.autograd.graph.save_on_cpu copies on the compute stream and waits for each copy (the forward
+stops for every copy out, the backward for every copy back): nothing overlaps. Here the copies run on
+two streams of their own; the compute stream waits only when a tensor it needs has not arrived yet.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+# Tensors under this stay where they are: LoRA's [tokens x r] products, attention's log-sum-exp.
+MIN_BYTES = 1 << 20
+# A layer's tensors start back when the backward reaches the layer this many above it: one layer's
+# backward (~19 ms at 12,288 tokens) is a little shorter than its copy back (1.2 GB / 55 GB/s = 22 ms).
+LOOKAHEAD = 2
+
+RECOMPUTE, OFFLOAD, KEEP = "recompute", "offload", "keep"
+
+
+def layer_plan(n_layers: int, recompute: int, offload: int) -> list[str]:
+    """Each layer's treatment, bottom first: the lowest recompute + offload layers hold both kinds,
+    spread evenly (recompute, offload, recompute, offload, ... when they are as many), the rest keep."""
+    if recompute < 0 or offload < 0 or recompute + offload > n_layers:
+        raise ValueError(f"{recompute} recomputed + {offload} offloaded layers: more than {n_layers}")
+    mixed = recompute + offload
+    # Layer i is offloaded where the running share of offloaded layers, i x offload / mixed, steps up.
+    plan = [OFFLOAD if (i + 1) * offload // mixed > i * offload // mixed else RECOMPUTE for i in range(mixed)]
+    return plan + [KEEP] * (n_layers - mixed)
+
+
+@dataclass(eq=False)
+class _Saved:
+    """One offloaded tensor: its host copy, when that copy is complete, and its way back."""
+    host: torch.Tensor
+    layer: int
+    copied: torch.cuda.Event | None  # None on CPU (the copy is done when pack returns)
+    gpu: torch.Tensor | None = None
+    ready: torch.cuda.Event | None = None
+
+
+class Offloader:
+    """Saved-tensor hooks for the offloaded layers and the prefetch that the backward triggers."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.d2h = torch.cuda.Stream(device) if self.cuda else None
+        self.h2d = torch.cuda.Stream(device) if self.cuda else None
+        self.waiting: dict[int, list[_Saved]] = {}  # layer -> its host copies not yet fetched back
+        self.first = -1  # the lowest offloaded layer: its forward starts a micro-batch's copies
+        self.batch_bytes = 0  # sent to host memory in this micro-batch's forward
+        self.peak_bytes = 0  # the most of it held at once: the pinned host memory this needs
+        self.late = 0  # tensors the backward needed before a prefetch had asked for them
+
+    def pack(self, layer: int, seen: dict, t: torch.Tensor):
+        if t.device != self.device or isinstance(t, nn.Parameter) or t.numel() * t.element_size() < MIN_BYTES:
+            return t
+        # Two saves of one tensor (or of one view of it) in a layer travel once. `seen` holds the
+        # originals until the layer's forward ends, so no address is reused while it is consulted.
+        key = (t.data_ptr(), t.shape, t.stride(), t.dtype, t._version)
+        if key in seen:
+            return seen[key][1]
+        host = torch.empty_like(t, device="cpu", pin_memory=self.cuda)
+        copied = None
+        if self.cuda:
+            self.d2h.wait_stream(torch.cuda.current_stream(self.device))  # t is written
+            with torch.cuda.stream(self.d2h):
+                host.copy_(t, non_blocking=True)
+                copied = self.d2h.record_event()
+            t.record_stream(self.d2h)  # its memory is not reused before the copy has read it
+        else:
+            host.copy_(t)
+        saved = _Saved(host, layer, copied)
+        seen[key] = (t, saved)
+        self.waiting.setdefault(layer, []).append(saved)
+        self.batch_bytes += host.numel() * host.element_size()
+        self.peak_bytes = max(self.peak_bytes, self.batch_bytes)
+        return saved
+
+    def unpack(self, saved):
+        if not isinstance(saved, _Saved):
+            return saved
+        if saved.gpu is None:  # not prefetched: its layer is fetched now, the compute stream waits for it
+            self.late += 1
+            self._fetch_layer(saved.layer)
+            if saved.gpu is None:  # its layer's list was reset by a later forward: this one alone
+                self._fetch(saved)
+        if self.cuda:
+            torch.cuda.current_stream(self.device).wait_event(saved.ready)
+        return saved.gpu
+
+    def _fetch(self, saved: _Saved) -> None:
+        if not self.cuda:
+            saved.gpu = saved.host
+            return
+        compute = torch.cuda.current_stream(self.device)
+        gpu = torch.empty_like(saved.host, device=self.device)  # from the compute stream's memory
+        self.h2d.wait_stream(compute)  # that memory's previous users are done
+        self.h2d.wait_event(saved.copied)
+        with torch.cuda.stream(self.h2d):
+            gpu.copy_(saved.host, non_blocking=True)
+            saved.ready = self.h2d.record_event()
+        gpu.record_stream(self.h2d)
+        saved.gpu = gpu
+
+    def _fetch_layer(self, layer: int) -> None:
+        for saved in self.waiting.pop(layer, []):  # popped: from now on only autograd holds them
+            self._fetch(saved)
+
+    def prefetch(self, below: int) -> None:
+        """The backward has reached layer `below`: start fetching the LOOKAHEAD layers under it."""
+        for layer in range(below - LOOKAHEAD, below):
+            self._fetch_layer(layer)
+
+    def wrap(self, layer_module: nn.Module, index: int) -> None:
+        """Layer `index`'s forward under the hooks that send its saved tensors to host memory."""
+        forward = layer_module.forward
+
+        def offloaded(*args, **kwargs):
+            if not torch.is_grad_enabled():
+                return forward(*args, **kwargs)
+            self.waiting[index] = []  # what an earlier forward left (one never followed by a backward)
+            if index == self.first:
+                self.batch_bytes = 0
+            seen: dict = {}
+            with torch.autograd.graph.saved_tensors_hooks(functools.partial(self.pack, index, seen), self.unpack):
+                return forward(*args, **kwargs)
+
+        layer_module.forward = offloaded
+
+    def watch(self, layer_module: nn.Module, index: int) -> None:
+        """When the backward reaches this layer's output, prefetch the offloaded layers just below."""
+        def on_output(module, args, output):
+            if isinstance(output, torch.Tensor) and output.requires_grad and torch.is_grad_enabled():
+                output.register_hook(lambda grad: self.prefetch(index))
+        layer_module.register_forward_hook(on_output)
+
+    def metrics(self) -> dict:
+        return {"mem/host_offload_peak_gib": self.peak_bytes / 2**30, "count/offload_late_tensors": self.late}
+
+
+def apply(layers, plan: list[str], device: torch.device) -> Offloader | None:
+    """Hooks on the decoder layers that `plan` offloads (and on those above them, for the prefetch)."""
+    if OFFLOAD not in plan:
+        return None
+    off = Offloader(device)
+    off.first = plan.index(OFFLOAD)
+    for i, (layer, how) in enumerate(zip(layers, plan)):
+        if how == OFFLOAD:
+            off.wrap(layer, i)
+        if OFFLOAD in plan[max(0, i - LOOKAHEAD):i]:
+            off.watch(layer, i)
+    return off
