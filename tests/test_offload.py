@@ -93,3 +93,27 @@ def test_offloaded_layers_on_gpu_same_gradients_less_memory(offloaders):
     assert o.late == 0 and o.peak_bytes > 0
     assert loss_off == loss_kept and all(torch.equal(kept[n], off[n]) for n in kept)
     assert peak_off < peak_kept
+
+
+def test_offloaded_originals_are_let_go_when_the_forward_ends(offloaders, monkeypatch):
+    """What makes offloading save memory: after the forward nothing holds the tensors that were
+    copied out (autograd keeps each pack hook until the backward, so the hook must not hold them)."""
+    import weakref
+
+    originals = []
+    pack = offload.Offloader.pack
+
+    def spy(self, *args):
+        out, t = pack(self, *args), args[-1]
+        if out is not t:
+            originals.append(weakref.ref(t))
+        return out
+
+    monkeypatch.setattr(offload.Offloader, "pack", spy)
+    c = OmegaConf.to_object(compose_cfg(["model.num_hidden_layers=4", "train.offload_fraction=0.5", "batch=2"]))
+    model, _, _ = build_trainable_model(c, torch.device("cpu"))
+    model.train()
+    ids = torch.randint(0, 1000, (2, 32))
+    loss = model(input_ids=ids, labels=ids).loss
+    assert originals and not [r for r in originals if r() is not None]
+    loss.backward()

@@ -64,19 +64,20 @@ class Offloader:
         self.d2h = torch.cuda.Stream(device) if self.cuda else None
         self.h2d = torch.cuda.Stream(device) if self.cuda else None
         self.waiting: dict[int, list[_Saved]] = {}  # layer -> its host copies not yet fetched back
+        self.seen: dict = {}  # this layer's forward: (address, shape, strides, dtype, version) -> (original, copy)
         self.first = -1  # the lowest offloaded layer: its forward starts a micro-batch's copies
         self.batch_bytes = 0  # sent to host memory in this micro-batch's forward
         self.peak_bytes = 0  # the most of it held at once: the pinned host memory this needs
         self.late = 0  # tensors the backward needed before a prefetch had asked for them
 
-    def pack(self, layer: int, seen: dict, t: torch.Tensor):
+    def pack(self, layer: int, t: torch.Tensor):
         if t.device != self.device or isinstance(t, nn.Parameter) or t.numel() * t.element_size() < MIN_BYTES:
             return t
         # Two saves of one tensor (or of one view of it) in a layer travel once. `seen` holds the
         # originals until the layer's forward ends, so no address is reused while it is consulted.
         key = (t.data_ptr(), t.shape, t.stride(), t.dtype, t._version)
-        if key in seen:
-            return seen[key][1]
+        if key in self.seen:
+            return self.seen[key][1]
         host = torch.empty_like(t, device="cpu", pin_memory=self.cuda)
         copied = None
         if self.cuda:
@@ -88,7 +89,7 @@ class Offloader:
         else:
             host.copy_(t)
         saved = _Saved(host, layer, copied)
-        seen[key] = (t, saved)
+        self.seen[key] = (t, saved)
         self.waiting.setdefault(layer, []).append(saved)
         self.batch_bytes += host.numel() * host.element_size()
         self.peak_bytes = max(self.peak_bytes, self.batch_bytes)
@@ -139,9 +140,14 @@ class Offloader:
             self.waiting[index] = []  # what an earlier forward left (one never followed by a backward)
             if index == self.first:
                 self.batch_bytes = 0
-            seen: dict = {}
-            with torch.autograd.graph.saved_tensors_hooks(functools.partial(self.pack, index, seen), self.unpack):
-                return forward(*args, **kwargs)
+            # The originals are let go when the forward ends, not with the pack hook: autograd keeps
+            # each saved tensor's pack hook (and what it holds) until the backward releases that tensor.
+            self.seen = {}
+            try:
+                with torch.autograd.graph.saved_tensors_hooks(functools.partial(self.pack, index), self.unpack):
+                    return forward(*args, **kwargs)
+            finally:
+                self.seen = {}
 
         layer_module.forward = offloaded
 
