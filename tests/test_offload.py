@@ -58,6 +58,20 @@ def _grads_with_and_without_offload(device, overrides=()):
     return (loss_kept, kept), (loss_off, off)
 
 
+def test_views_of_one_buffer_travel_once_and_come_back_as_they_were(monkeypatch):
+    monkeypatch.setattr(offload, "MIN_BYTES", 0)
+    off = offload.Offloader(torch.device("cpu"))
+    base = torch.randn(8, 6)
+    # base and its transpose share the buffer; the slice and the column hold a quarter and a sixth of
+    # it, so they travel alone (made contiguous)
+    views = [base, base.t(), base[2:4], base[:, 1]]
+    packed = [off.pack(0, v) for v in views]
+    assert len({id(p.saved) for p in packed}) == 3 and off.peak_bytes == (48 + 12 + 8) * 4
+    back = [off.unpack(p) for p in packed]
+    assert all(torch.equal(b, v) and b.stride() == v.stride() for b, v in zip(back[:2], views))
+    assert all(torch.equal(b, v) for b, v in zip(back, views))
+
+
 @pytest.mark.parametrize("lookahead", [offload.LOOKAHEAD, 0], ids=["prefetched", "fetched-when-needed"])
 def test_offloaded_layers_give_the_same_gradients_to_the_bit(offloaders, monkeypatch, lookahead):
     """Layers 1 and 2 of 4 offloaded (layer 0 recomputed): the loss and every LoRA gradient equal

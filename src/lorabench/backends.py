@@ -63,8 +63,27 @@ def _triton_interpreter() -> bool:
 
 @contextlib.contextmanager
 def module_patches(c: Config):
-    """Around a whole cell: Liger's module-level replacements in transformers' Mistral code, undone
-    at the end, whatever happened."""
+    """Around a whole cell: the allocator's settings and Liger's module-level replacements in
+    transformers' Mistral code, undone at the end, whatever happened."""
+    with _allocator(c), _liger_patches(c):
+        yield
+
+
+@contextlib.contextmanager
+def _allocator(c: Config):
+    if not (c.backend.expandable_segments and torch.cuda.is_available()):
+        yield
+        return
+    torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+    try:
+        yield
+    finally:  # the next cell of a multirun (maybe hf) gets the allocator as PyTorch sets it
+        torch.cuda.empty_cache()
+        torch.cuda.memory._set_allocator_settings("expandable_segments:False")
+
+
+@contextlib.contextmanager
+def _liger_patches(c: Config):
     if not c.backend.liger:
         yield
         return

@@ -424,6 +424,10 @@ class BackendConfig:
     # With fused_lora on CUDA: LoRA dropout's masks drawn from a seed by a Triton kernel and drawn again
     # in the backward, none kept (a bool mask is 1 byte per element: 32 MiB per projection at 16 x 512).
     seeded_dropout: bool = False
+    # PyTorch's caching allocator with expandable segments for the cell (CUDA): a segment grows in place
+    # instead of a new one being cut, so less memory sits reserved between blocks, and a memory budget
+    # (gpu.memory_gib) counts reserved memory.
+    expandable_segments: bool = False
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.liger) - set(LIGER_OPS))

@@ -22,7 +22,7 @@ sg="-m +experiment=seed_optimum train.max_steps=20 gpu=a10 data=jsonl data.path=
 run() { echo "== $*"; timeout $((580 - (SECONDS - t0))) python3 train.py "$@" 2>&1 \
   | grep -E "cells:|Error|error:|layers, bottom first|^\| [^c-]" ; }
 case $2 in
-  probe)  # (the first try, at 4e1f595, ran out of memory in every offloaded cell: the pack hook held the originals)
+  probe)  # at 30702a7; (the first try, at 4e1f595, ran out of memory in every offloaded cell: the pack hook held the originals)
     python3 -m pytest -q -m gpu tests/test_offload.py tests/test_fused.py 2>&1 | tail -2
     python3 docs/runs/scripts/2026-11-24_offload_memory.py 2048 6 20,0 12,8 8,12 4,16 7,12 2>&1 \
       | grep -v "WARNING\|Loading\|deprecated\|Backend impl" > $OUT/memory_s2048_b6.txt; grep -v "^   (" $OUT/memory_s2048_b6.txt
@@ -32,6 +32,17 @@ case $2 in
     run $s $x "$sub" backend=fast train.checkpoint_fraction=0.25 train.offload_fraction=0.375
     run $s $x "$sub" backend=fast train.checkpoint_fraction=0.21875 train.offload_fraction=0.375
     run $s $x "$sub" backend=fast train.checkpoint_fraction=0.125 train.offload_fraction=0.5 ;;
+  probe2)  # views of one buffer travel once; backend.expandable_segments (on in fast); more layers kept
+    python3 -m pytest -q -m gpu tests/test_offload.py 2>&1 | tail -2
+    python3 docs/runs/scripts/2026-11-24_offload_memory.py 2048 6 20,0 12,8 2>&1 \
+      | grep -v "WARNING\|Loading\|deprecated\|Backend impl" > $OUT/memory_s2048_b6.txt; grep -v "^   (" $OUT/memory_s2048_b6.txt
+    x="seq_len=2048 batch=6 hydra.sweep.dir=$D/s2048"
+    run $s $x "$sub" backend=fast train.checkpoint_fraction=0.625 train.offload_fraction=0
+    run $s $x "$sub" backend=fast train.checkpoint_fraction=0.375 train.offload_fraction=0.25
+    run $s $x "$sub" backend=fast train.checkpoint_fraction=0.3125 train.offload_fraction=0.25
+    run $s $x "$sub" backend=fast train.checkpoint_fraction=0.25 train.offload_fraction=0.25
+    # the budget still holds with expandable segments: no recomputation needs ~45 GiB, so this must run out
+    run $s $x "$sub" backend=fast train.gradient_checkpointing=false train.max_steps=7 ;;
 esac
 echo "exit after $((SECONDS - t0)) s"
 (cd $OUT && tar czf $2.tgz $2 && rm -rf $2)

@@ -41,10 +41,10 @@ for recompute, off in plans:
         o = model.lorabench_offloader
         if o is not None and not sizes:
             pack = o.pack
-            def spy(layer, seen, t, pack=pack):
+            def spy(layer, t, pack=pack):
                 if layer == offload.layer_plan(32, recompute, off).index("offload"):
                     sizes.append((t.numel() * t.element_size(), tuple(t.shape), str(t.dtype), t.is_contiguous()))
-                return pack(layer, seen, t)
+                return pack(layer, t)
             o.pack = spy
         ids = torch.randint(0, 32000, (batch, seq), device=device)
         for step in range(3):
