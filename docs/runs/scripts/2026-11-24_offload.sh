@@ -42,7 +42,7 @@ case $2 in
     run $s $x "$sub" backend=fast train.checkpoint_fraction=0.3125 train.offload_fraction=0.25
     run $s $x "$sub" backend=fast train.checkpoint_fraction=0.25 train.offload_fraction=0.25
     # the budget still holds with expandable segments: no recomputation needs ~45 GiB, so this must run out
-    run $s $x "$sub" backend=fast train.gradient_checkpointing=false train.max_steps=7 ;;
+    run $s $x hydra.sweep.dir=$D/no_recompute "$sub" backend=fast train.gradient_checkpointing=false train.max_steps=7 ;;
 esac
 echo "exit after $((SECONDS - t0)) s"
 (cd $OUT && tar czf $2.tgz $2 && rm -rf $2)
