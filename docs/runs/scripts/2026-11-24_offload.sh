@@ -43,6 +43,23 @@ case $2 in
     run $s $x "$sub" backend=fast train.checkpoint_fraction=0.25 train.offload_fraction=0.25
     # the budget still holds with expandable segments: no recomputation needs ~45 GiB, so this must run out
     run $s $x hydra.sweep.dir=$D/no_recompute "$sub" backend=fast train.gradient_checkpointing=false train.max_steps=7 ;;
+  long)  # hf's best cell that fits (the sizes of the 2026-11-24_h100_fused run), fast before and with offloading
+    python3 -m pytest -q -x -m gpu tests/test_offload.py > $OUT/gpu_tests.txt 2>&1; tail -1 $OUT/gpu_tests.txt
+    for sb in "1024 8 12" "2048 4 6"; do set -- $1 $2 $sb
+      x="seq_len=$3 hydra.sweep.dir=$D/s$3"
+      run $s $x "$sub" backend=hf batch=$4 train.checkpoint_fraction=1
+      run $s $x "$sub" backend=fast batch=$5 train.checkpoint_fraction=0.625 train.offload_fraction=0
+      run $s $x "$sub" backend=fast batch=$5 train.checkpoint_fraction=0.375 train.offload_fraction=0.25
+    done; set -- $1 long
+    run $s seq_len=2048 hydra.sweep.dir=$D/s2048 "$sub" backend=fast batch=6 train.checkpoint_fraction=0.3125 train.offload_fraction=0.3125 ;;
+  t512)  # seq 512: fixed-length rows and ShareGPT packed (b24 with 0.625 recomputed ran out there on 2026-11-24)
+    run $s hydra.sweep.dir=$D/fixed "$sub" backend=hf batch=8 train.checkpoint_fraction=1
+    run $s hydra.sweep.dir=$D/fixed "$sub" backend=fast batch=24 train.checkpoint_fraction=0.625 train.offload_fraction=0
+    run $s hydra.sweep.dir=$D/fixed "$sub" backend=fast batch=24 train.checkpoint_fraction=0.375 train.offload_fraction=0.25
+    run $sg hydra.sweep.dir=$D/sharegpt "$sub" backend=hf batch=8 train.checkpoint_fraction=1 data.packing=true
+    run $sg hydra.sweep.dir=$D/sharegpt "$sub" backend=fast batch=16 train.checkpoint_fraction=0.5 train.offload_fraction=0
+    run $sg hydra.sweep.dir=$D/sharegpt "$sub" backend=fast batch=16 train.checkpoint_fraction=0.25 train.offload_fraction=0.25
+    run $sg hydra.sweep.dir=$D/sharegpt "$sub" backend=fast batch=24 train.checkpoint_fraction=0.375 train.offload_fraction=0.25 ;;
 esac
 echo "exit after $((SECONDS - t0)) s"
 (cd $OUT && tar czf $2.tgz $2 && rm -rf $2)
