@@ -53,6 +53,7 @@ case $2 in
     done; set -- $1 long
     run $s seq_len=2048 hydra.sweep.dir=$D/s2048 "$sub" backend=fast batch=6 train.checkpoint_fraction=0.3125 train.offload_fraction=0.3125 ;;
   t512)  # seq 512: fixed-length rows and ShareGPT packed (b24 with 0.625 recomputed ran out there on 2026-11-24)
+    python3 -m pytest -q -m gpu tests/test_offload.py tests/test_fused.py > $OUT/gpu_tests.txt 2>&1; tail -1 $OUT/gpu_tests.txt
     run $s hydra.sweep.dir=$D/fixed "$sub" backend=hf batch=8 train.checkpoint_fraction=1
     run $s hydra.sweep.dir=$D/fixed "$sub" backend=fast batch=24 train.checkpoint_fraction=0.625 train.offload_fraction=0
     run $s hydra.sweep.dir=$D/fixed "$sub" backend=fast batch=24 train.checkpoint_fraction=0.375 train.offload_fraction=0.25
