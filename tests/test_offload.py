@@ -90,8 +90,9 @@ def test_offloaded_layers_give_the_same_gradients_to_the_bit(offloaders, monkeyp
 @requires_cuda
 def test_offloaded_layers_on_gpu_same_gradients_less_memory(offloaders):
     """On CUDA the copies run on side streams: bf16 LoRA gradients equal the kept run's to the bit,
-    and after the forward the GPU holds less by at least half of what went to host memory (two of
-    four layers' saved tensors; the rest of the difference is what a buffer's views share)."""
+    and after the forward the GPU holds over a quarter less (two of four layers' saved tensors left
+    it; the logits and the kept layer stay). With the originals held on (the bug the CPU test
+    `..._let_go_...` guards) it held the same."""
     cuda = torch.device("cuda", 0)
     # Layers of 1,024 wide: ~12 MiB of saved tensors each at 4 x 64 tokens.
     opt = ["model.num_hidden_layers=4", "train.gradient_checkpointing=true", "train.checkpoint_fraction=0.25",
@@ -114,8 +115,7 @@ def test_offloaded_layers_on_gpu_same_gradients_less_memory(offloaders):
         torch.cuda.synchronize()
         resident.append(torch.cuda.memory_allocated(cuda) - before)
         del model, loss
-    o = offloaders[-1]
-    assert resident[0] - resident[1] >= 0.5 * o.batch_bytes > 0
+    assert offloaders[-1].batch_bytes > 0 and resident[0] - resident[1] > 0.25 * resident[0]
 
 
 def test_offloaded_originals_are_let_go_when_the_forward_ends(offloaders, monkeypatch):

@@ -6,8 +6,9 @@
 # writes its sweep dirs to $OUT/<part>.tgz.
 #   probe     the offload GPU tests; seq 2048 b6: recomputed / offloaded / kept layers traded
 #   long      seq 1024 and 2048: hf's best cell that fits, fast as before, fast with offloading, Unsloth
-#   t512      seq 512, the seed's recipe: hf's seed cell, fast as before and with offloading, Unsloth;
+#   t512      seq 512, the seed's recipe: hf's seed cell, fast as before and with offloading;
 #             ShareGPT packed for hf and fast
+#   unsloth   seq 1024 and 2048: fast with offloading and Unsloth's best cell within 22 GiB
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
   $(ls .whl_unsloth/*.whl 2>/dev/null) || exit 1
@@ -61,6 +62,13 @@ case $2 in
     run $sg hydra.sweep.dir=$D/sharegpt "$sub" backend=fast batch=16 train.checkpoint_fraction=0.5 train.offload_fraction=0
     run $sg hydra.sweep.dir=$D/sharegpt "$sub" backend=fast batch=16 train.checkpoint_fraction=0.25 train.offload_fraction=0.25
     run $sg hydra.sweep.dir=$D/sharegpt "$sub" backend=fast batch=24 train.checkpoint_fraction=0.375 train.offload_fraction=0.25 ;;
+  unsloth)  # Unsloth's best cell within 22 GiB (every layer recomputed, its offloading) beside fast's, same lease
+    python3 -m pytest -q -m gpu tests/test_offload.py > $OUT/gpu_tests.txt 2>&1; tail -1 $OUT/gpu_tests.txt
+    for sb in "1024 12 16 0.375 0.25" "2048 6 8 0.3125 0.3125"; do set -- $1 $2 $sb
+      x="seq_len=$3 hydra.sweep.dir=$D/s$3"
+      run $s $x "$sub" backend=fast batch=$4 train.checkpoint_fraction=$6 train.offload_fraction=$7
+      run $s $x "$sub" backend=unsloth batch=$5 train.checkpoint_fraction=1
+    done; set -- $1 unsloth ;;
 esac
 echo "exit after $((SECONDS - t0)) s"
 (cd $OUT && tar czf $2.tgz $2 && rm -rf $2)
