@@ -5,7 +5,8 @@
 # with .whl/, .whl_unsloth/ and .gpudata/ as for docs/runs/scripts/2026-11-24_fused.sh. Each part
 # writes its sweep dirs to $OUT/<part>.tgz.
 #   probe     the offload GPU tests; seq 2048 b6: recomputed / offloaded / kept layers traded
-#   long      seq 1024 and 2048: hf's best cell that fits, fast as before, fast with offloading, Unsloth
+#   probe2    the same after two fixes, with backend.expandable_segments; the budget still holds
+#   long      seq 1024 and 2048: hf's best cell that fits, fast as before, fast with offloading
 #   t512      seq 512, the seed's recipe: hf's seed cell, fast as before and with offloading;
 #             ShareGPT packed for hf and fast
 #   unsloth   seq 1024 and 2048: fast with offloading and Unsloth's best cell within 22 GiB
