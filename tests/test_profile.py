@@ -81,9 +81,11 @@ def test_profile_steps_must_leave_a_timed_step():
 def test_device_timeline_is_partitioned_by_category():
     """The CUDA path on a hand-made timeline (us): a 100 us step whose DataLoader call takes 0-20,
     then a host-to-device copy 20-25, a GEMM 30-60 launched by aten::mm, an optimizer kernel 70-90.
-    Device idle inside the DataLoader call is data; other idle is idle."""
+    Device idle inside the DataLoader call is data; other idle is idle. An offloading copy (28-65, on
+    a stream of its own) is not part of the partition: the GEMM keeps its time."""
     from types import SimpleNamespace as NS
 
+    from lorabench.offload import COPY_RANGE
     from lorabench.profile import DATA_RANGE, STEP_RANGE, breakdown
     from torch.autograd import DeviceType
 
@@ -104,10 +106,12 @@ def test_device_timeline_is_partitioned_by_category():
     mm = op(4, "aten::mm", 28, 29, step)
     opt = op(5, "Optimizer.step#AdamW.step", 65, 69, step)
     add = op(6, "aten::_foreach_add_", 66, 67, opt)
+    out = op(7, "aten::copy_", 27, 28, op(8, COPY_RANGE, 27, 28, step))
     kernels = [kernel("Memcpy HtoD (Pageable -> Device)", 20, 25, copy), kernel("nvjet_tst_gemm", 30, 60, mm),
+               kernel("Memcpy DtoH (Device -> Pinned)", 28, 65, out),
                kernel("multi_tensor_apply_kernel", 70, 90, add),
                kernel(STEP_RANGE, 0, 100, step)]  # kineto's device-side mirror of the step range: not work
-    [ms], by_who = breakdown([step, loader, copy, mm, opt, add], kernels, trace_start_ns=5_000)
+    [ms], by_who = breakdown([step, loader, copy, mm, opt, add, out, out.cpu_parent], kernels, trace_start_ns=5_000)
     us = {k: round(v * 1e3, 6) for k, v in ms.items()}
     assert us == {"matmul": 30, "dequant": 0, "attention": 0, "elementwise": 0, "loss": 0, "optimizer": 20,
                   "data": 25, "idle": 25, "step_ms": 100}

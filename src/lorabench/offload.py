@@ -32,6 +32,9 @@ MIN_BYTES = 1 << 20
 LOOKAHEAD = 2
 
 RECOMPUTE, OFFLOAD, KEEP = "recompute", "offload", "keep"
+# The copies' range in a profile: lorabench.profile leaves them out of a step's partition (they run
+# beside the compute on streams of their own; a step that waits for one shows it as idle).
+COPY_RANGE = "lorabench/offload_copy"
 
 
 def layer_plan(n_layers: int, recompute: int, offload: int) -> list[str]:
@@ -106,7 +109,7 @@ class Offloader:
         copied = None
         if self.cuda:
             self.d2h.wait_stream(torch.cuda.current_stream(self.device))  # data is written
-            with torch.cuda.stream(self.d2h):
+            with torch.cuda.stream(self.d2h), torch.profiler.record_function(COPY_RANGE):
                 host.copy_(data, non_blocking=True)
                 copied = self.d2h.record_event()
             data.record_stream(self.d2h)  # its memory is not reused before the copy has read it
@@ -139,7 +142,7 @@ class Offloader:
         gpu = torch.empty_like(saved.host, device=self.device)  # from the compute stream's memory
         self.h2d.wait_stream(compute)  # that memory's previous users are done
         self.h2d.wait_event(saved.copied)
-        with torch.cuda.stream(self.h2d):
+        with torch.cuda.stream(self.h2d), torch.profiler.record_function(COPY_RANGE):
             gpu.copy_(saved.host, non_blocking=True)
             saved.ready = self.h2d.record_event()
         gpu.record_stream(self.h2d)

@@ -12,6 +12,8 @@ synchronised step boundary to the next, is split into categories that add up to 
   optimizer   optimizer step and gradient clipping
   data        host-to-device copies, and device idle while the DataLoader produces the batch
   idle        device idle for any other reason: Python, kernel launch latency, synchronisation
+              (a step waiting for train.offload_fraction's copies; those copies run beside the compute
+              on streams of their own and are left out of the partition)
 
 On CUDA the device's work is its kernels and copies; on CPU it is the operators' own time on the
 host, and "idle" is host time outside any operator (Python between them). Device work is attributed once, in time order (overlapping kernels on other streams count for
@@ -31,6 +33,7 @@ import torch
 from transformers import TrainerCallback
 
 from lorabench.metrics import CATEGORIES
+from lorabench.offload import COPY_RANGE
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +109,8 @@ def breakdown(events, device_events=(), trace_start_ns: int = 0) -> tuple[list[d
                 continue
             parent = by_id.get(k.linked_correlation_id())
             names = [k.name()] + (_stack(parent) if parent is not None else [])
+            if COPY_RANGE in names:
+                continue
             start = (k.start_ns() - trace_start_ns) / 1e3  # the FunctionEvents' clock: us from the trace start
             work.append((start, start + k.duration_ns() / 1e3, classify(names), _who(names)))
     else:  # the host is the device: each operator's own time (outside its children) is work

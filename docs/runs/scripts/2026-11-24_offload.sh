@@ -10,6 +10,7 @@
 #   t512      seq 512, the seed's recipe: hf's seed cell, fast as before and with offloading;
 #             ShareGPT packed for hf and fast
 #   unsloth   seq 1024 and 2048: fast with offloading and Unsloth's best cell within 22 GiB
+#   profile   the best 22 GiB cell at seq 2048 profiled; fast's best whole-GPU cell (b32) again
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
   $(ls .whl_unsloth/*.whl 2>/dev/null) || exit 1
@@ -70,6 +71,11 @@ case $2 in
       run $s $x "$sub" backend=fast batch=$4 train.checkpoint_fraction=$6 train.offload_fraction=$7
       run $s $x "$sub" backend=unsloth batch=$5 train.checkpoint_fraction=1
     done; set -- $1 unsloth ;;
+  profile)  # the best 22 GiB cell at seq 2048 profiled (offloading copies left out of the partition),
+            # and fast's best whole-GPU cell again now that fast runs with expandable segments
+    run $s seq_len=2048 hydra.sweep.dir=$D/s2048 "$sub" backend=fast batch=6 train.checkpoint_fraction=0.3125 \
+      train.offload_fraction=0.3125 train.profile_steps=2
+    run $s gpu=auto hydra.sweep.dir=$D/auto "$sub" backend=fast batch=32 train.checkpoint_fraction=0 train.profile_steps=2 ;;
 esac
 echo "exit after $((SECONDS - t0)) s"
 (cd $OUT && tar czf $2.tgz $2 && rm -rf $2)
