@@ -31,7 +31,7 @@ CONFIG_COLUMNS = {"model": "model.name", "precision": "precision.name", "seq_len
                   "lora_targets": "lora.target_modules", "optimizer": "optimizer.name", "lr": "optimizer.lr",
                   "backend": "backend.name", "packing": "data.packing", "gradient_checkpointing":
                   "train.gradient_checkpointing", "checkpoint_fraction": "train.checkpoint_fraction",
-                  "gpu": "gpu.name", "data": "data.kind", "seed": "train.seed", "nproc": "train.nproc"}
+                  "offload_fraction": "train.offload_fraction", "gpu": "gpu.name", "data": "data.kind", "seed": "train.seed", "nproc": "train.nproc"}
 TOK = "perf/tokens_per_s"
 SHAPE_ORDER = ["seq_len", "batch"]
 
@@ -313,7 +313,7 @@ def p50_tokens_per_s(m: dict) -> float:
 
 
 # What the backend comparison varies within one group of comparable cells.
-BACKEND_AXES = ("backend.", "batch", "train.checkpoint_fraction", "data.packing")
+BACKEND_AXES = ("backend.", "batch", "train.checkpoint_fraction", "train.offload_fraction", "data.packing")
 
 
 def _group(r: CellResult, axes=BACKEND_AXES) -> tuple:
