@@ -307,7 +307,8 @@ class TrainConfig:
     force: bool = False
     gradient_checkpointing: bool = False
     # With gradient_checkpointing: the fraction of decoder layers whose activations are recomputed
-    # in the backward pass (the first round(f x layers)); 1 = every layer (HF's), 0 = none. Each
+    # in the backward pass (round(f x layers): the lowest, interleaved with offloaded ones when
+    # offload_fraction > 0, lorabench.offload.layer_plan); 1 = every layer (HF's), 0 = none. Each
     # layer left out costs its activations' memory and saves a third of its compute.
     checkpoint_fraction: float = 1.0
     # The fraction of decoder layers whose saved activations wait in pinned host memory between the

@@ -11,18 +11,10 @@
 #   sharegpt the 2,000 ShareGPT conversations packed, for hf and fast, within 22 GiB
 #   long     seq 1024 and 2048 within 22 GiB: hf's best cell that fits, fast's, Unsloth's
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
-  $(ls .whl_unsloth/*.whl 2>/dev/null) || exit 1
-[ -f .gpudata/sharegpt_2000.jsonl.xz ] && python3 -c "import lzma, shutil; shutil.copyfileobj(
-  lzma.open('.gpudata/sharegpt_2000.jsonl.xz'), open('/tmp/sharegpt_2000.jsonl', 'wb'))"
-nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit,temperature.gpu --format=csv > $OUT/gpu_$2.csv
-export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 LORABENCH_CACHE=/tmp/cache LORABENCH_GIT_SHA=$1
-D=$OUT/$2; t0=$SECONDS
+source "$(dirname "$0")/device_setup.sh" "$@"  # wheels, data, environment, run, sg
 # seq 512, synthetic fixed-length rows, the seed's recipe (nf4, LoRA r16 qkvo dropout 0.05, paged_adamw_8bit)
 s="-m +experiment=seed_optimum data=synthetic train.max_steps=20"
 sub='hydra.sweep.subdir=${backend.name}_s${seq_len}_b${batch}_f${train.checkpoint_fraction}_seeded${backend.seeded_dropout}'
-sg="-m +experiment=seed_optimum train.max_steps=20 gpu=a10 data=jsonl data.path=/tmp/sharegpt_2000.jsonl data.max_samples=null"
-run() { echo "== $*"; timeout $((570 - (SECONDS - t0))) python3 train.py "$@" 2>&1 | grep -E "cells:|Error|error:|^\| [^c-]" ; }
 case $2 in
   probe)  # the fused projections against PEFT's, the GPU gradient tests
     python3 -m pytest -q -m gpu tests/test_fused.py tests/test_backends.py -k "fused or fast_path" 2>&1 | tail -3

@@ -12,18 +12,9 @@
 #   unsloth   seq 1024 and 2048: fast with offloading and Unsloth's best cell within 22 GiB
 #   profile   the best 22 GiB cell at seq 2048 profiled; fast's best whole-GPU cell (b32) again
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
-  $(ls .whl_unsloth/*.whl 2>/dev/null) || exit 1
-[ -f .gpudata/sharegpt_2000.jsonl.xz ] && python3 -c "import lzma, shutil; shutil.copyfileobj(
-  lzma.open('.gpudata/sharegpt_2000.jsonl.xz'), open('/tmp/sharegpt_2000.jsonl', 'wb'))"
-nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit,temperature.gpu --format=csv > $OUT/gpu_$2.csv
-export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 LORABENCH_CACHE=/tmp/cache LORABENCH_GIT_SHA=$1
-D=$OUT/$2; t0=$SECONDS
+LIMIT_S=580; source "$(dirname "$0")/device_setup.sh" "$@"  # wheels, data, environment, run, sg
 s="-m +experiment=seed_optimum data=synthetic train.max_steps=20 gpu=a10"
 sub='hydra.sweep.subdir=${backend.name}_s${seq_len}_b${batch}_r${train.checkpoint_fraction}_o${train.offload_fraction}'
-sg="-m +experiment=seed_optimum train.max_steps=20 gpu=a10 data=jsonl data.path=/tmp/sharegpt_2000.jsonl data.max_samples=null"
-run() { echo "== $*"; timeout $((580 - (SECONDS - t0))) python3 train.py "$@" 2>&1 \
-  | grep -E "cells:|Error|error:|layers, bottom first|^\| [^c-]" ; }
 case $2 in
   probe)  # at 30702a7; (the first try, at 4e1f595, ran out of memory in every offloaded cell: the pack hook held the originals)
     python3 -m pytest -q -m gpu tests/test_offload.py tests/test_fused.py 2>&1 | tail -2
