@@ -120,16 +120,18 @@ def test_offloaded_layers_on_gpu_same_gradients_less_memory(offloaders):
 
 def test_offloaded_originals_are_let_go_when_the_forward_ends(offloaders, monkeypatch):
     """What makes offloading save memory: after the forward nothing holds the tensors that were
-    copied out (autograd keeps each pack hook until the backward, so the hook must not hold them)."""
+    copied out (autograd keeps each pack hook until the backward, so the hook must not hold them);
+    and what would save none, the weights the layers save views of, is not copied."""
     import weakref
 
-    originals = []
+    originals, sent_storages = [], set()
     pack = offload.Offloader.pack
 
     def spy(self, *args):
         out, t = pack(self, *args), args[-1]
         if out is not t:
             originals.append(weakref.ref(t))
+            sent_storages.add(t.untyped_storage().data_ptr())
         return out
 
     monkeypatch.setattr(offload.Offloader, "pack", spy)
@@ -139,4 +141,6 @@ def test_offloaded_originals_are_let_go_when_the_forward_ends(offloaders, monkey
     ids = torch.randint(0, 1000, (2, 32))
     loss = model(input_ids=ids, labels=ids).loss
     assert originals and not [r for r in originals if r() is not None]
+    # nothing of the weights travels (the frozen layers save views of them): they stay on the device
+    assert not sent_storages & {p.untyped_storage().data_ptr() for p in model.parameters()}
     loss.backward()

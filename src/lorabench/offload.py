@@ -73,8 +73,9 @@ class _View:
 class Offloader:
     """Saved-tensor hooks for the offloaded layers and the prefetch that the backward triggers."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, weights: set[int] = frozenset()):
         self.device = device
+        self.weights = weights  # the layers' parameters' storage addresses: saved views of them stay
         self.cuda = device.type == "cuda"
         self.d2h = torch.cuda.Stream(device) if self.cuda else None
         self.h2d = torch.cuda.Stream(device) if self.cuda else None
@@ -86,7 +87,11 @@ class Offloader:
         self.late = 0  # tensors the backward needed before a prefetch had asked for them
 
     def pack(self, layer: int, t: torch.Tensor):
-        if t.device != self.device or isinstance(t, nn.Parameter) or t.numel() * t.element_size() < MIN_BYTES:
+        if t.device != self.device or t.numel() * t.element_size() < MIN_BYTES:
+            return t
+        # A frozen linear layer saves its weight (a transposed view, not the Parameter) for the input's
+        # gradient: it is on the GPU for good, sending it would only cost the link.
+        if isinstance(t, nn.Parameter) or t.untyped_storage().data_ptr() in self.weights:
             return t
         # The bytes that travel are t's whole storage, once per layer however many views of it are
         # saved (attention's output and the o projection's input are one buffer: 96 of ~1,300 MiB
@@ -195,7 +200,7 @@ def apply(layers, plan: list[str], device: torch.device) -> Offloader | None:
     """Hooks on the decoder layers that `plan` offloads (and on those above them, for the prefetch)."""
     if OFFLOAD not in plan:
         return None
-    off = Offloader(device)
+    off = Offloader(device, {p.untyped_storage().data_ptr() for layer in layers for p in layer.parameters()})
     off.first = plan.index(OFFLOAD)
     for i, (layer, how) in enumerate(zip(layers, plan)):
         if how == OFFLOAD:
