@@ -41,7 +41,7 @@ def test_offload_fraction_takes_only_unrecomputed_layers():
 
 @pytest.fixture
 def offloaders(monkeypatch):
-    """Every Offloader a model build makes, and every tensor offloaded (no size floor: tiny model)."""
+    """Every Offloader a model build makes (None where it offloads nothing); no size floor: tiny model."""
     made, real = [], offload.apply
     monkeypatch.setattr(offload, "MIN_BYTES", 0)
     monkeypatch.setattr(offload, "apply", lambda *a: made.append(real(*a)) or made[-1])
@@ -51,9 +51,7 @@ def offloaders(monkeypatch):
 def _grads_with_and_without_offload(device, overrides=()):
     opt = ["model.num_hidden_layers=4", "train.gradient_checkpointing=true", "train.checkpoint_fraction=0.25",
            "lora.dropout=0.1", *overrides]
-    torch.manual_seed(0)
-    loss_kept, kept, _ = lora_grads(opt, device)
-    torch.manual_seed(0)
+    loss_kept, kept, _ = lora_grads(opt, device)  # (each seeds torch's generator the same way)
     loss_off, off, _ = lora_grads([*opt, "train.offload_fraction=0.5"], device)
     return (loss_kept, kept), (loss_off, off)
 

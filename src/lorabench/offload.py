@@ -87,17 +87,18 @@ class Offloader:
         self.late = 0  # tensors the backward needed before a prefetch had asked for them
 
     def pack(self, layer: int, t: torch.Tensor):
-        if t.device != self.device or t.numel() * t.element_size() < MIN_BYTES:
+        nbytes = t.numel() * t.element_size()
+        if t.device != self.device or nbytes < MIN_BYTES:
             return t
         # A frozen linear layer saves its weight (a transposed view, not the Parameter) for the input's
         # gradient: it is on the GPU for good, sending it would only cost the link.
-        if isinstance(t, nn.Parameter) or t.untyped_storage().data_ptr() in self.weights:
+        if t.untyped_storage().data_ptr() in self.weights:
             return t
         # The bytes that travel are t's whole storage, once per layer however many views of it are
         # saved (attention's output and the o projection's input are one buffer: 96 of ~1,300 MiB
         # per layer at 12,288 tokens); a small view of a large buffer travels alone, made contiguous.
         # `seen` holds the originals until the layer's forward ends, so no address is reused meanwhile.
-        storage, nbytes = t.untyped_storage(), t.numel() * t.element_size()
+        storage = t.untyped_storage()
         if storage.nbytes() <= 2 * nbytes:
             key = (storage.data_ptr(), t._version)
             data = torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage)
