@@ -34,7 +34,7 @@ def lora_grads(overrides, device, steps_batch=4):
                 p.data.copy_(torch.randn(p.shape, generator=g) * 0.05)
         dtype = modeling.WEIGHT_DTYPE[c.precision.name]
         with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
-            loss = model(**{k: v.to(device) for k, v in batch.items()}).loss
+            loss = model(**{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}).loss
         loss.backward()
     grads = {n: p.grad.float().cpu() for n, p in model.named_parameters() if p.requires_grad}
     return loss.item(), grads, checkpointed

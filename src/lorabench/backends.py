@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from lorabench import modeling
+from lorabench import data, modeling, packed_attention
 from lorabench import offload as offloading
 from lorabench.config import QUANTISED, Backend, Config, Precision, TrainConfig
 from lorabench.results import CellSkipped
@@ -96,6 +96,15 @@ def _liger_patches(c: Config):
         for a, v in saved.items():
             if v is not None:
                 setattr(modeling_mistral, a, v)
+
+
+def apply_varlen_attention(model, c: Config, device: torch.device):
+    """Packed rows' attention without a mask (lorabench.packed_attention), where the rows are packed
+    and PyTorch's flash attention runs (CUDA); elsewhere the model keeps model.attn_implementation."""
+    if c.backend.varlen_attention and data.packs(c) and packed_attention.runs_on(device):
+        packed_attention.use(model)
+        log.info("attention over packed rows: %s (varlen flash attention, no mask)", packed_attention.NAME)
+    return model
 
 
 def apply_kernels(model, c: Config):

@@ -36,10 +36,12 @@ def check_values(c: Config) -> None:
         raise ValueError("data.packing=true with data=synthetic: synthetic rows are already exactly seq_len "
                          "tokens, there is nothing to pack")
     b = c.backend
-    if b.name is Backend.unsloth and (b.liger or b.pack or b.compile or b.fused_lora or not b.upcast_fp32):
+    if b.name is Backend.unsloth and (b.liger or b.pack or b.compile or b.fused_lora or b.varlen_attention
+                                      or not b.upcast_fp32):
         raise ValueError("backend=unsloth is Unsloth's recipe as it is: backend.liger=[], backend.pack=false, "
-                         "backend.compile=false, backend.fused_lora=false and backend.upcast_fp32=true (got "
-                         f"liger={list(b.liger)}, pack={b.pack}, compile={b.compile}, fused_lora={b.fused_lora}, "
+                         "backend.compile=false, backend.fused_lora=false, backend.varlen_attention=false and "
+                         f"backend.upcast_fp32=true (got liger={list(b.liger)}, pack={b.pack}, compile={b.compile}, "
+                         f"fused_lora={b.fused_lora}, varlen_attention={b.varlen_attention}, "
                          f"upcast_fp32={b.upcast_fp32})")
     if b.name is Backend.unsloth and c.train.offload_fraction:
         raise ValueError(f"train.offload_fraction={c.train.offload_fraction:g} is lorabench's offloading; "

@@ -429,6 +429,10 @@ class BackendConfig:
     # instead of a new one being cut, so less memory sits reserved between blocks, and a memory budget
     # (gpu.memory_gib) counts reserved memory.
     expandable_segments: bool = False
+    # On packed rows on CUDA: attention through PyTorch's variable-length flash attention, told where each
+    # sample starts, instead of SDPA with a block-diagonal mask (lorabench.packed_attention: no mask, and
+    # keys/values keep their 8 heads instead of being repeated to 32 for the masked kernel).
+    varlen_attention: bool = False
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.liger) - set(LIGER_OPS))

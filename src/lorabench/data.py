@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 from transformers import DataCollatorForSeq2Seq
 
+from lorabench import packed_attention
 from lorabench.config import Config, DataKind, Overlong, Padding
 
 log = logging.getLogger(__name__)
@@ -324,10 +325,11 @@ class PackedCollator:
     """Right-pads packed rows. The padding gets positions 0, 1, ... of its own, so it forms a
     segment that no real token attends to; no attention_mask is passed (transformers then builds
     the block-diagonal causal mask from position_ids), and `real_tokens` tells the meter which
-    positions are real."""
+    positions are real. With `segments`, the batch also says where each segment starts, for
+    attention without a mask (lorabench.packed_attention)."""
 
-    def __init__(self, pad_id: int, width: int | None):
-        self.pad_id, self.width = pad_id, width
+    def __init__(self, pad_id: int, width: int | None, segments: bool = False):
+        self.pad_id, self.width, self.segments = pad_id, width, segments
 
     def __call__(self, rows: list[dict]) -> dict:
         width = self.width or max(len(r["input_ids"]) for r in rows)
@@ -340,6 +342,8 @@ class PackedCollator:
             out["position_ids"][b, :n] = torch.tensor(r["position_ids"])
             out["position_ids"][b, n:] = torch.arange(width - n)
             out[REAL_TOKENS][b, :n] = 1
+        if self.segments:
+            out.update(packed_attention.segments(out["position_ids"]))
         return out
 
 
@@ -395,6 +399,6 @@ def build_dataset(cfg: Config, tokenizer):
 def build_collator(cfg: Config, tokenizer):
     width = cfg.seq_len if cfg.data.padding is Padding.max_length else None
     if packs(cfg):
-        return PackedCollator(tokenizer.pad_token_id, width)
+        return PackedCollator(tokenizer.pad_token_id, width, segments=cfg.backend.varlen_attention)
     return DataCollatorForSeq2Seq(tokenizer, padding=cfg.data.padding.value, max_length=width,
                                   label_pad_token_id=IGNORE, return_tensors="pt")

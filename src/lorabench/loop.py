@@ -179,6 +179,7 @@ def build_trainable_model(c: Config, device: torch.device):
     if c.backend.name is Backend.unsloth:
         return backends.build_unsloth(c, device)  # Unsloth's loader and LoRA do all of it
     model, weights = modeling.build_model(c, device)
+    model = backends.apply_varlen_attention(model, c, device)
     model = backends.apply_kernels(model, c)  # Liger's fused ops go in before LoRA wraps the layers
     model = modeling.apply_lora(model, c.lora, c.precision.name, c.train.gradient_checkpointing,
                                 c.backend.upcast_fp32)

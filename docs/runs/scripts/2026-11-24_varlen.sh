@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Issue 19, third round: packed rows' attention without a mask (backend.varlen_attention,
+# lorabench.packed_attention) on the GPU at hand (the device tool), in parts that each fit one call:
+#   bash docs/runs/scripts/2026-11-24_varlen.sh <commit> <part>
+# with .whl/, .whl_unsloth/ and .gpudata/ as for docs/runs/scripts/2026-11-24_fused.sh. Each part
+# writes its sweep dirs to $OUT/<part>.tgz.
+#   packed   the varlen GPU tests; seq 512, ShareGPT packed for hf and fast within 22 GiB: hf's seed
+#            cell, fast as before (SDPA with the packed mask) and with varlen attention
+set -u
+LIMIT_S=580; source "$(dirname "$0")/device_setup.sh" "$@"  # wheels, data, environment, run, sg
+sub='hydra.sweep.subdir=${backend.name}_s${seq_len}_b${batch}_r${train.checkpoint_fraction}_o${train.offload_fraction}_v${backend.varlen_attention}'
+case $2 in
+  packed)
+    python3 -c "import inspect, torch; from torch.nn.attention.varlen import varlen_attn as f; print(torch.__version__, inspect.signature(f))"
+    python3 -m pytest -q -m gpu tests/test_packed_attention.py tests/test_backends.py -k "varlen or fast_cell" \
+      > $OUT/gpu_tests.txt 2>&1; tail -3 $OUT/gpu_tests.txt
+    x="hydra.sweep.dir=$D/sharegpt"
+    run $sg $x "$sub" backend=hf batch=8 train.checkpoint_fraction=1 data.packing=true
+    run $sg $x "$sub" backend=fast batch=16 train.checkpoint_fraction=0.25 train.offload_fraction=0.25 backend.varlen_attention=false
+    run $sg $x "$sub" backend=fast batch=24 train.checkpoint_fraction=0.375 train.offload_fraction=0.25
+    run $sg $x "$sub" backend=fast batch=16 train.checkpoint_fraction=0.25 train.offload_fraction=0.25
+    run $sg $x "$sub" backend=fast batch=32 train.checkpoint_fraction=0.5 train.offload_fraction=0.25 ;;
+esac
+echo "exit after $((SECONDS - t0)) s"
+(cd $OUT && tar czf $2.tgz $2 && rm -rf $2)

@@ -1,0 +1,113 @@
+"""Attention over packed rows without a mask (lorabench.packed_attention, backend.varlen_attention):
+the segments the collator gives, the same outputs and gradients as SDPA with transformers' packed mask."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from omegaconf import OmegaConf
+from transformers import MistralConfig, MistralForCausalLM
+
+from conftest import compose_cfg, requires_cuda
+from lorabench import backends, checks, data, modeling, packed_attention
+from test_backends import assert_grads_close, lora_grads
+
+
+def reference_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size=(-1, -1), enable_gqa=False):
+    """What varlen_attn computes (its flash kernel runs on CUDA only), segment by segment with SDPA's
+    math: causal, keys within the window's left reach."""
+    assert torch.equal(cu_q, cu_k) and max_q == max_k == int(cu_q.diff().max())
+    out = torch.empty_like(q)
+    for a, b in zip(cu_q[:-1].tolist(), cu_q[1:].tolist()):
+        n = b - a
+        allowed = torch.ones(n, n, dtype=torch.bool).tril()
+        if window_size[0] >= 0:
+            allowed &= torch.ones(n, n, dtype=torch.bool).triu(-window_size[0])
+        seg = [t[a:b].transpose(0, 1) for t in (q, k, v)]  # [heads, tokens, dim]
+        out[a:b] = F.scaled_dot_product_attention(*seg, attn_mask=allowed, scale=scale,
+                                                  enable_gqa=enable_gqa).transpose(0, 1)
+    return out
+
+
+@pytest.fixture
+def varlen_on_cpu(monkeypatch):
+    """The varlen path on CPU: the reference for the kernel, and the backend's CUDA condition lifted."""
+    monkeypatch.setattr("torch.nn.attention.varlen.varlen_attn", reference_varlen)
+    monkeypatch.setattr(packed_attention, "runs_on", lambda device: True)
+
+
+def test_collator_gives_each_packed_sample_and_the_padding_a_segment():
+    rows = data.pack([{"input_ids": [1] * n, "labels": [1] * n} for n in (5, 3, 2, 6)], seq_len=9)
+    batch = data.PackedCollator(pad_id=0, width=9, segments=True)(rows)
+    # Rows [6, 3] and [5, 2 | 2 pad]: a segment per sample, and one for the padding.
+    assert [len(r["input_ids"]) for r in rows] == [9, 7]
+    assert batch["cu_seq_lens_q"].tolist() == [0, 6, 9, 14, 16, 18]
+    assert batch["cu_seq_lens_q"].dtype == torch.int32 and batch["cu_seq_lens_k"] is batch["cu_seq_lens_q"]
+    assert batch["max_length_q"] == batch["max_length_k"] == 6
+    assert "cu_seq_lens_q" not in data.PackedCollator(pad_id=0, width=9)(rows)
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_varlen_attention_equals_sdpa_with_the_packed_mask(varlen_on_cpu, window):
+    """A tiny Mistral on packed rows (fp32): logits equal to SDPA's with the block-diagonal mask
+    transformers builds from position_ids, also with a sliding window shorter than a sample."""
+    cfg = MistralConfig(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=window,
+                        attn_implementation="sdpa", use_cache=False)  # as lorabench trains (with a cache,
+    # transformers would not look for packed rows in position_ids)
+    torch.manual_seed(0)
+    sdpa = MistralForCausalLM(cfg).eval()
+    varlen = MistralForCausalLM(copy.deepcopy(cfg)).eval()  # its own config: use() sets the attention there
+    varlen.load_state_dict(sdpa.state_dict())
+    packed_attention.use(varlen)
+    rows = data.pack([{"input_ids": torch.randint(1, 64, (n,)).tolist(), "labels": [1] * n}
+                      for n in (7, 5, 4, 9, 3)], seq_len=12)
+    batch = data.PackedCollator(pad_id=0, width=12, segments=True)(rows)
+    ids, pos = batch["input_ids"], batch["position_ids"]
+    keys = {k: batch[k] for k in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")}
+    with torch.no_grad():
+        want = sdpa(input_ids=ids, position_ids=pos).logits
+        got = varlen(input_ids=ids, position_ids=pos, **keys).logits
+        unmasked = sdpa(input_ids=ids).logits  # one causal sequence per row: what a missed cut would give
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(unmasked, want, atol=1e-3)
+
+
+def test_fast_cell_gradients_with_varlen_equal_the_masked_ones(varlen_on_cpu):
+    """The whole cell's path (collator, model kwargs, fused LoRA projections, checkpointing) on real
+    chat data packed into rows: the loss and every LoRA gradient as with SDPA and its mask."""
+    opt = ["backend=fast", "backend.liger=[]", "train.gradient_checkpointing=true",
+           "train.checkpoint_fraction=0.5", "lora.dropout=0"]
+    loss_mask, g_mask, _ = lora_grads([*opt, "backend.varlen_attention=false"], torch.device("cpu"))
+    loss_varlen, g_varlen, _ = lora_grads(opt, torch.device("cpu"))
+    assert loss_varlen == pytest.approx(loss_mask, rel=1e-6)
+    assert_grads_close(g_varlen, g_mask, 1e-5)
+
+
+def test_varlen_attention_only_where_it_runs():
+    """Packed rows on CUDA only: fixed-length rows keep SDPA's causal flash path, a CPU keeps SDPA,
+    and Unsloth's recipe refuses it by name."""
+    cpu = torch.device("cpu")
+    for overrides, device in ((["backend=fast"], cpu), (["backend=fast", "data=synthetic"], torch.device("cuda"))):
+        c = OmegaConf.to_object(compose_cfg(["model.num_hidden_layers=1", *overrides]))
+        model = modeling.random_init(c.model, cpu, torch.float32)
+        assert backends.apply_varlen_attention(model, c, device).config._attn_implementation == "sdpa"
+    c = OmegaConf.to_object(compose_cfg(["backend=unsloth", "backend.varlen_attention=true"]))
+    with pytest.raises(ValueError, match="varlen_attention=True"):
+        checks.check_values(c)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_varlen_flash_attention_matches_the_masked_path_on_gpu():
+    """PyTorch's varlen flash kernel against SDPA with the packed mask, bf16 on the GPU, the whole
+    fast cell's path: the loss within bf16's rounding, every LoRA gradient within 3% of its norm
+    (a wrong cut or window gives errors of the order of the gradient itself)."""
+    cuda = torch.device("cuda", 0)
+    opt = ["backend=fast", "precision=bf16", "optimizer=adamw_torch", "train.gradient_checkpointing=true",
+           "train.checkpoint_fraction=0.5", "lora.dropout=0"]
+    loss_mask, g_mask, _ = lora_grads([*opt, "backend.varlen_attention=false"], cuda)
+    loss_varlen, g_varlen, _ = lora_grads(opt, cuda)
+    assert loss_varlen == pytest.approx(loss_mask, rel=1e-2)
+    assert_grads_close(g_varlen, g_mask, 3e-2)
