@@ -14,26 +14,26 @@ from lorabench import backends, checks, data, modeling, packed_attention
 from test_backends import assert_grads_close, lora_grads
 
 
-def reference_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size=(-1, -1), enable_gqa=False):
-    """What varlen_attn computes (its flash kernel runs on CUDA only), segment by segment with SDPA's
-    math: causal, keys within the window's left reach."""
-    assert torch.equal(cu_q, cu_k) and max_q == max_k == int(cu_q.diff().max())
+def reference_varlen(q, k, v, cu_seq_lens, longest, scale, window_left):
+    """What packed_attention.flash_varlen computes (its flash kernel runs on CUDA only), segment by
+    segment with SDPA's math: causal, keys within the window's left reach, 2 query heads per key head."""
+    assert longest == int(cu_seq_lens.diff().max())
     out = torch.empty_like(q)
-    for a, b in zip(cu_q[:-1].tolist(), cu_q[1:].tolist()):
+    for a, b in zip(cu_seq_lens[:-1].tolist(), cu_seq_lens[1:].tolist()):
         n = b - a
         allowed = torch.ones(n, n, dtype=torch.bool).tril()
-        if window_size[0] >= 0:
-            allowed &= torch.ones(n, n, dtype=torch.bool).triu(-window_size[0])
+        if window_left is not None:
+            allowed &= torch.ones(n, n, dtype=torch.bool).triu(-window_left)
         seg = [t[a:b].transpose(0, 1) for t in (q, k, v)]  # [heads, tokens, dim]
         out[a:b] = F.scaled_dot_product_attention(*seg, attn_mask=allowed, scale=scale,
-                                                  enable_gqa=enable_gqa).transpose(0, 1)
+                                                  enable_gqa=True).transpose(0, 1)
     return out
 
 
 @pytest.fixture
 def varlen_on_cpu(monkeypatch):
     """The varlen path on CPU: the reference for the kernel, and the backend's CUDA condition lifted."""
-    monkeypatch.setattr("torch.nn.attention.varlen.varlen_attn", reference_varlen)
+    monkeypatch.setattr(packed_attention, "flash_varlen", reference_varlen)
     monkeypatch.setattr(packed_attention, "runs_on", lambda device: True)
 
 

@@ -36,21 +36,29 @@ def attention(module, query, key, value, attention_mask, dropout: float = 0.0, s
               sliding_window=None, cu_seq_lens_q=None, max_length_q=None, **kwargs):
     """transformers' attention interface ([batch, heads, seq, dim] in, [batch, seq, heads, dim] out)
     over the segments cu_seq_lens_q names."""
-    from torch.nn.attention.varlen import varlen_attn
-
     if cu_seq_lens_q is None:
         raise ValueError("backend.varlen_attention: this batch has no cu_seq_lens_q; it runs on packed "
                          "rows only (lorabench.data.PackedCollator)")
     if dropout:
         raise ValueError(f"backend.varlen_attention runs without attention dropout, not {dropout}")
     b, h, s, d = query.shape
-    # Causal within each segment: a query sees keys (left, right) = (all before, none after); Mistral's
-    # sliding window (transformers: key > query - window) is the last `window` keys, itself included.
-    window = (-1, 0) if not sliding_window or sliding_window >= max_length_q else (sliding_window - 1, 0)
-    out = varlen_attn(_flat(query), _flat(key), _flat(value), cu_seq_lens_q, cu_seq_lens_q,
-                      max_length_q, max_length_q, scale=scaling, window_size=window,
-                      enable_gqa=key.shape[1] != h)
+    # Causal within each segment; Mistral's sliding window (transformers: key > query - window) reaches
+    # window - 1 keys back.
+    left = sliding_window - 1 if sliding_window and sliding_window < max_length_q else None
+    out = flash_varlen(_flat(query), _flat(key), _flat(value), cu_seq_lens_q, max_length_q, scaling, left)
     return out.view(b, s, h, d), None
+
+
+def flash_varlen(q, k, v, cu_seq_lens: torch.Tensor, longest: int, scale: float | None,
+                 window_left: int | None) -> torch.Tensor:
+    """Causal attention of [tokens, heads, dim] within each segment: PyTorch's flash-attention kernel,
+    the one behind torch.nn.attention.varlen.varlen_attn. Called directly because torch 2.11's wrapper
+    refuses 8 key/value heads for 32 query heads (enable_gqa came in 2.12) while the kernel takes them;
+    aten's derivative formula runs the kernel's backward."""
+    window = {} if window_left is None else {"window_size_left": window_left, "window_size_right": 0}
+    out, *_ = torch.ops.aten._flash_attention_forward(q, k, v, cu_seq_lens, cu_seq_lens, longest, longest,
+                                                      0.0, True, False, scale=scale, **window)
+    return out
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
