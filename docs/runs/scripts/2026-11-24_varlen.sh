@@ -6,6 +6,9 @@
 # writes its sweep dirs to $OUT/<part>.tgz.
 #   packed   the varlen GPU tests; seq 512, ShareGPT packed for hf and fast within 22 GiB: hf's seed
 #            cell, fast as before (SDPA with the packed mask) and with varlen attention
+#   whole    seq 512 on the whole GPU: fast's best cell (b32, nothing recomputed) with the DataLoader in
+#            the main process and in 2 workers (the profile's 17.5 ms per step of device idle waiting for the
+#            batch), at LoRA dropout 0.05 and 0 (Unsloth's default); Unsloth's whole-GPU cell at both
 set -u
 LIMIT_S=580; source "$(dirname "$0")/device_setup.sh" "$@"  # wheels, data, environment, run, sg
 sub='hydra.sweep.subdir=${backend.name}_s${seq_len}_b${batch}_r${train.checkpoint_fraction}_o${train.offload_fraction}_v${backend.varlen_attention}'
@@ -20,6 +23,14 @@ case $2 in
     run $sg $x "$sub" backend=fast batch=24 train.checkpoint_fraction=0.375 train.offload_fraction=0.25
     run $sg $x "$sub" backend=fast batch=16 train.checkpoint_fraction=0.25 train.offload_fraction=0.25
     run $sg $x "$sub" backend=fast batch=32 train.checkpoint_fraction=0.5 train.offload_fraction=0.25 ;;
+  whole)
+    s="-m +experiment=seed_optimum data=synthetic train.max_steps=20 gpu=auto train.checkpoint_fraction=0"
+    x="hydra.sweep.dir=$D/auto hydra.sweep.subdir=\${backend.name}_b\${batch}_d\${lora.dropout}_w\${data.num_workers}"
+    run $s $x backend=fast batch=32 data.num_workers=0
+    run $s $x backend=fast batch=32 data.num_workers=2
+    run $s $x backend=fast batch=32 data.num_workers=2 lora.dropout=0
+    run $s $x backend=unsloth batch=32 data.num_workers=2
+    run $s $x backend=unsloth batch=32 data.num_workers=2 lora.dropout=0 ;;
 esac
 echo "exit after $((SECONDS - t0)) s"
 (cd $OUT && tar czf $2.tgz $2 && rm -rf $2)
