@@ -9,6 +9,9 @@
 #   whole    seq 512 on the whole GPU: fast's best cell (b32, nothing recomputed) with the DataLoader in
 #            the main process and in 2 workers (the profile's 17.5 ms per step of device idle waiting for the
 #            batch), at LoRA dropout 0.05 and 0 (Unsloth's default); Unsloth's whole-GPU cell at both
+#   t512u    seq 512, fixed-length rows, 22 GiB: hf's seed cell, fast's best, Unsloth's (b32, b64) in one lease
+#   packed2  seq 512, ShareGPT packed, 22 GiB, another lease: hf's seed cell and fast's best again, and fast's
+#            best profiled
 set -u
 LIMIT_S=580; source "$(dirname "$0")/device_setup.sh" "$@"  # wheels, data, environment, run, sg
 sub='hydra.sweep.subdir=${backend.name}_s${seq_len}_b${batch}_r${train.checkpoint_fraction}_o${train.offload_fraction}_v${backend.varlen_attention}'
@@ -31,6 +34,18 @@ case $2 in
     run $s $x backend=fast batch=32 data.num_workers=2 lora.dropout=0
     run $s $x backend=unsloth batch=32 data.num_workers=2
     run $s $x backend=unsloth batch=32 data.num_workers=2 lora.dropout=0 ;;
+  t512u)
+    s="-m +experiment=seed_optimum data=synthetic train.max_steps=20 gpu=a10 hydra.sweep.dir=$D/fixed"
+    run $s "$sub" backend=hf batch=8 train.checkpoint_fraction=1
+    run $s "$sub" backend=fast batch=24 train.checkpoint_fraction=0.375 train.offload_fraction=0.25
+    run $s "$sub" backend=unsloth batch=32 train.checkpoint_fraction=1
+    run $s "$sub" backend=unsloth batch=64 train.checkpoint_fraction=1 ;;
+  packed2)
+    x="hydra.sweep.dir=$D/sharegpt"
+    run $sg $x "$sub" backend=hf batch=8 train.checkpoint_fraction=1 data.packing=true
+    run $sg $x "$sub" backend=fast batch=24 train.checkpoint_fraction=0.375 train.offload_fraction=0.25
+    run $sg hydra.sweep.dir=$D/profile "$sub" backend=fast batch=24 train.checkpoint_fraction=0.375 \
+      train.offload_fraction=0.25 train.profile_steps=2 ;;
 esac
 echo "exit after $((SECONDS - t0)) s"
 (cd $OUT && tar czf $2.tgz $2 && rm -rf $2)
