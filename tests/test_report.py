@@ -10,7 +10,7 @@ from conftest import FAST, REPO, run_cli
 from wandb_records import summarize_run
 
 from lorabench.config import ReportConfig
-from lorabench.analysis import knob_effects, projection
+from lorabench.analysis import axes, knob_effects, label, loss_curves, projection
 from lorabench.report import write_report
 from lorabench.results import CellResult
 
@@ -125,6 +125,26 @@ def test_knob_effects_pair_cells_that_differ_in_one_key():
     assert effects[("batch", "4", "8")]["mem_delta_gib"] == pytest.approx(3.0)  # median of 2.0 and 4.0
     assert effects[("seq_len", "512", "1024")]["tokens_ratio"] == pytest.approx(median_of(1.1, 1.1))
     assert effects[("batch", "4", "8")]["pairs"] == 2 and len(effects) == 2  # the OOM cell pairs with nothing
+
+
+def test_cells_are_named_by_a_key_swept_within_each_backend(tmp_path):
+    """+experiment=fast_loss_match sweeps backend x backend.upcast_fp32: four cells, four names (the keys
+    a backend only sets, backend.pack, stay out of them), and their loss curves compared with hf's."""
+    def r(name, upcast):
+        d = tmp_path / f"{name}{upcast}"
+        d.mkdir()
+        (d / "steps.jsonl").write_text("".join(json.dumps({"step": s, "loss": 10.0 - s}) + "\n" for s in (1, 2)))
+        return CellResult.from_dict({"status": "ok", "choices": {"backend": name}, "metrics": {}, "run_dir": str(d),
+                                     "config": {"backend": {"name": name, "upcast_fp32": upcast, "pack": name == "fast"}}})
+    results = [r(name, upcast) for name in ("hf", "fast") for upcast in (True, False)]
+    axes_ = axes(results)
+    assert axes_ == ["backend", "backend.upcast_fp32"]
+    assert [label(c, axes_) for c in results] == [
+        "backend=hf,upcast_fp32=True", "backend=hf,upcast_fp32=False",
+        "backend=fast,upcast_fp32=True", "backend=fast,upcast_fp32=False"]
+    (ref, _), curves = loss_curves(results, axes_)
+    assert ref is results[0] and len(curves) == 4
+    assert loss_curves(results, [*axes_, "backend.pack"]) is None  # other rows: not the same batches
 
 
 def median_of(*xs):

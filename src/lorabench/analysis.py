@@ -53,9 +53,19 @@ def axes(results: list[CellResult]) -> list[str]:
     for group in GROUP_NAME_KEY:
         if len({choice(r, group) for r in results}) > 1:
             out.append(group)
-            varying = [k for k in varying if not k.startswith(group + ".")]
+            # A group's key that only follows its option (backend=fast sets backend.pack) says nothing
+            # more; one swept within an option (backend.upcast_fp32=true,false) still tells cells apart.
+            varying = [k for k in varying if not k.startswith(group + ".")
+                       or _varies_within(results, flats, group, k)]
     # the shape first, as a person reads a grid: seq_len x batch
     return out + sorted(varying, key=lambda k: (k not in SHAPE_ORDER, SHAPE_ORDER.index(k) if k in SHAPE_ORDER else 0, k))
+
+
+def _varies_within(results: list[CellResult], flats: list[dict], group: str, key: str) -> bool:
+    seen: dict = {}
+    for r, f in zip(results, flats):
+        seen.setdefault(choice(r, group), set()).add(repr(f.get(key)))
+    return any(len(values) > 1 for values in seen.values())
 
 
 def choice(r: CellResult, group: str):
@@ -364,11 +374,18 @@ def read_losses(r: CellResult) -> dict[int, float]:
         return {}
 
 
+def _same_batches(axis: str) -> bool:
+    # what a cell may change and still train on the same batches: the backend and its options (but
+    # backend.pack, which makes other rows), and which layers are recomputed or offloaded
+    return axis in ("backend", "train.checkpoint_fraction", "train.offload_fraction") or (
+        axis.startswith("backend.") and axis != "backend.pack")
+
+
 def loss_curves(results: list[CellResult], axes_: list[str]) -> tuple | None:
-    """When only the backend (and the checkpointed fraction) vary, the cells trained on the same
-    batches: ((reference cell, its curve), [(cell, curve)...]), the reference being the first hf
-    cell (or the first cell); None otherwise."""
-    if "backend" not in axes_ or set(axes_) - {"backend", "train.checkpoint_fraction"}:
+    """When only the backend, its options and the recomputed or offloaded layers vary, the cells
+    trained on the same batches: ((reference cell, its curve), [(cell, curve)...]), the reference
+    being the first hf cell (or the first cell); None otherwise."""
+    if "backend" not in axes_ or not all(map(_same_batches, axes_)):
         return None
     curves = [(r, c) for r in results if r.ok and (c := read_losses(r))]
     if len(curves) < 2:
