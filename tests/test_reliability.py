@@ -44,14 +44,16 @@ def expected(tmp_path_factory):
     return losses(run_dir)
 
 
-def test_kill_then_rerun_resumes_exactly(tmp_path, expected):
+# backend.flat_optimizer: the adapters live in the optimizer's flat tensor; checkpoints save and load them
+@pytest.mark.parametrize("flat", [[], ["backend.flat_optimizer=true"]], ids=["", "flat_optimizer"])
+def test_kill_then_rerun_resumes_exactly(tmp_path, expected, flat):
     assert len(expected) == STEPS
 
     # kill -9 with a checkpoint every 3 steps: the re-run resumes from the newest complete one
     killed = tmp_path / "killed"
-    assert start_and_stop(killed, ["train.save_steps=3"], 8, signal.SIGKILL) == -signal.SIGKILL
+    assert start_and_stop(killed, ["train.save_steps=3", *flat], 8, signal.SIGKILL) == -signal.SIGKILL
     assert not (killed / "metrics.json").exists()
-    run_in_process([*COMMON, "train.save_steps=3"], killed)  # the same cell again (in this process: faster)
+    run_in_process([*COMMON, "train.save_steps=3", *flat], killed)  # the same cell again (in this process: faster)
     r = read_result(killed)
     assert r["status"] == "ok" and r["resumed_from_step"] >= 6 and r["resumed_from_step"] % 3 == 0
     assert [s["step"] for s in read_steps(killed)] == list(range(1, STEPS + 1))

@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from lorabench.config import BNB_OPTIMIZERS, QUANTISED, Backend, Config, DataKind, ModelConfig, Precision
+from lorabench.config import (BNB_OPTIMIZERS, QUANTISED, Backend, Config, DataKind, ModelConfig, OptimizerName,
+                              Precision)
 from lorabench.modeling import tokenizer_file
 
 # The linear layers of a Mistral decoder layer, the names LoRA can target.
@@ -49,6 +50,10 @@ def check_values(c: Config) -> None:
     if b.fused_lora and c.precision.name is Precision.int8:
         raise ValueError("backend.fused_lora=true runs 4-bit and 16/32-bit base layers, not precision=int8 "
                          "(bitsandbytes' 8-bit matmul): use backend.fused_lora=false with it")
+    if b.flat_optimizer and c.optimizer.name is OptimizerName.adafactor:
+        raise ValueError("backend.flat_optimizer=true with optimizer=adafactor: Adafactor factors each matrix's "
+                         "second moment by rows and columns, a flat tensor would change that; use "
+                         "backend.flat_optimizer=false with it")
     check_model_path(c.model)
     check_data_path(c)
     tokenizer_file(c.model)  # names a missing tokenizer file

@@ -12,15 +12,24 @@ from pathlib import Path
 import torch
 from transformers import Trainer, TrainerCallback
 
+from lorabench import flat_optim
 from lorabench.data import REAL_TOKENS
 from lorabench.devices import sync
 
 class MeasuredTrainer(Trainer):
-    """HF Trainer that hands every micro-batch to the StepMeter before training on it."""
+    """HF Trainer that hands every micro-batch to the StepMeter before training on it; with
+    `flat_optimizer` its optimizer updates the adapters as one flat tensor (lorabench.flat_optim)."""
 
-    def __init__(self, *args, meter: "StepMeter", **kwargs):
+    def __init__(self, *args, meter: "StepMeter", flat_optimizer: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
-        self.meter = meter
+        self.meter, self.flat_optimizer = meter, flat_optimizer
+
+    def create_optimizer(self, model=None):
+        fresh = self.optimizer is None
+        optimizer = super().create_optimizer(model)
+        if fresh and self.flat_optimizer:
+            flat_optim.flatten(optimizer)
+        return optimizer
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         inputs = dict(inputs)
