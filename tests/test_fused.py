@@ -44,13 +44,18 @@ def same_masks(monkeypatch):
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
 def test_fused_lora_matches_peft_on_cpu(same_masks, monkeypatch, dropout):
     """fp32 on CPU, half the layers checkpointed (the recompute replays the masks): loss to 1e-6 and
-    every LoRA gradient to 1e-5 of its norm (fp32 round-off); with dropout 0.1 the masks take part."""
+    every LoRA gradient to 1e-5 of its norm (fp32 round-off); with dropout 0.1 the masks take part.
+    Without dropout q, k and v's adapters share their thin GEMMs (one call per layer's q/k/v group)."""
     cpu = torch.device("cpu")
     opt = [f"lora.dropout={dropout}", "train.gradient_checkpointing=true", "train.checkpoint_fraction=0.5"]
     loss_peft, g_peft, _ = lora_grads(opt, cpu)
+    merged = []
+    merged_grads = fused._merged_adapter_grads
+    monkeypatch.setattr(fused, "_merged_adapter_grads", lambda *a: merged.append(1) or merged_grads(*a))
     loss_fused, g_fused, _ = lora_grads([*opt, "backend.fused_lora=true"], cpu)
     assert loss_fused == pytest.approx(loss_peft, rel=1e-6)
     assert_grads_close(g_fused, g_peft, 1e-5)
+    assert len(merged) == (0 if dropout else 2)  # the tiny model's 2 layers
     if dropout:  # with its own masks (torch's dropout kernel) it differs far beyond round-off
         monkeypatch.setattr(fused, "_dropout", NATIVE_DROPOUT)
         _, g_other, _ = lora_grads([*opt, "backend.fused_lora=true"], cpu)

@@ -116,3 +116,7 @@ def test_device_timeline_is_partitioned_by_category():
     assert us == {"matmul": 30, "dequant": 0, "attention": 0, "elementwise": 0, "loss": 0, "optimizer": 20,
                   "data": 25, "idle": 25, "step_ms": 100}
     assert by_who["matmul", "nvjet_tst_gemm <- aten::mm"] == pytest.approx(0.030)
+    # the idle time by what the device waited for: the GEMM, the optimizer's kernel, the step's end
+    assert {k[1]: round(v * 1e3, 6) for k, v in by_who.items() if k[0] == "idle" and v} == {
+        "before aten::mm": 5, "before aten::_foreach_add_ in Optimizer.step#AdamW.step": 10,
+        "after the step's last work, to its end": 10}

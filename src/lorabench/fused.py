@@ -91,13 +91,27 @@ def _weight(base: nn.Module, dtype: torch.dtype) -> torch.Tensor:
     return bnbf.dequantize_4bit(w.data, state).to(dtype)
 
 
+def _merges(group: tuple[Projection, ...], ps: tuple[float, ...]) -> bool:
+    """Whether the group's adapters share their thin GEMMs: every projection adapted, none with dropout
+    (with dropout each reads its own dropped-out input)."""
+    return len(group) > 1 and all(proj.lora is not None for proj in group) and not any(ps)
+
+
 class _Projections(torch.autograd.Function):
-    """Y_i = X W_i^T + s_i dropout_i(X) A_i^T B_i^T for the projections of one group."""
+    """Y_i = X W_i^T + s_i dropout_i(X) A_i^T B_i^T for the projections of one group.
+
+    Without dropout the adapters of q, k and v share their thin GEMMs (`_merges`): XA = X [A_q; A_k; A_v]^T
+    reads X once instead of three times, and in the backward dA = G^T X and dX += G [A_q; A_k; A_v] with
+    G = [G_q, G_k, G_v] read X and write dX once each: at 32 x 512 tokens ~1 GB less traffic per layer."""
 
     @staticmethod
     def forward(ctx, x, group, ps, seeded, *adapters):
         dtype = x.dtype
         x2 = x.reshape(-1, x.shape[-1])
+        merged = _merges(group, ps)
+        if merged:
+            xa_all = x2 @ torch.cat(adapters[0::2]).to(dtype).t()  # [tokens x sum of r]
+            xa_parts = iter(xa_all.split([a.shape[0] for a in adapters[0::2]], dim=1))
         ys, xas, keys = [], [], []
         k = 0
         for proj, p in zip(group, ps):
@@ -105,50 +119,85 @@ class _Projections(torch.autograd.Function):
             if proj.lora is not None:
                 a, b = adapters[k].to(dtype), adapters[k + 1].to(dtype)
                 k += 2
-                xd, key = _dropout(x2, p, seeded) if p > 0 else (x2, None)
-                xa = xd @ a.t()
-                del xd
+                if merged:
+                    xa = next(xa_parts)  # a column block of XA (cuBLAS reads it with its row stride)
+                else:
+                    xd, key = _dropout(x2, p, seeded) if p > 0 else (x2, None)
+                    xa = xd @ a.t()
+                    del xd
+                    xas.append(xa)
+                    keys.append(key)
                 y.addmm_(xa, b.t(), alpha=proj.lora.scaling[_adapter(proj.lora)])
-                xas.append(xa)
-                keys.append(key)
             ys.append(y.view(*x.shape[:-1], -1))
-        ctx.group, ctx.ps, ctx.shape = group, ps, x.shape
+        ctx.group, ctx.ps, ctx.shape, ctx.merged = group, ps, x.shape, merged
         # Seeds (and None) stay on ctx as they are, bool masks go through save_for_backward.
         masks = [k for k in keys if isinstance(k, torch.Tensor)]
         ctx.keys = ["mask" if isinstance(k, torch.Tensor) else k for k in keys]
-        ctx.save_for_backward(x2, *adapters, *xas, *masks)
+        ctx.save_for_backward(x2, *adapters, *([xa_all] if merged else xas), *masks)
         return tuple(ys)
 
     @staticmethod
     def backward(ctx, *dys):
         x2, *rest = ctx.saved_tensors
         n_ad = 2 * sum(proj.lora is not None for proj in ctx.group)
-        adapters, xas, masks = rest[:n_ad], rest[n_ad:n_ad + n_ad // 2], iter(rest[n_ad + n_ad // 2:])
-        keys = [next(masks) if k == "mask" else k for k in ctx.keys]
-        dtype = x2.dtype
-        want_dx = ctx.needs_input_grad[0]
-        dx, grads, k = None, [], 0
-        for proj, p, dy in zip(ctx.group, ctx.ps, dys):
-            dy = dy.reshape(-1, dy.shape[-1])
-            if want_dx:  # dX = sum_i dY_i W_i, the sum accumulated by cuBLAS (beta=1)
-                w = _weight(proj.base, dtype)
-                dx = dy @ w if dx is None else dx.addmm_(dy, w)
-            if proj.lora is None:
-                continue
-            a32, b32 = adapters[k], adapters[k + 1]
-            xa, key = xas[k // 2], keys[k // 2]
-            k += 2
-            a, b, s = a32.to(dtype), b32.to(dtype), proj.lora.scaling[_adapter(proj.lora)]
-            g = (dy @ b).mul_(s)  # [tokens x r]
-            db = (dy.t() @ xa).mul_(s)
-            da = g.t() @ (x2 if key is None else _replay(x2, key, p))
-            if want_dx:
-                if key is None:
-                    dx.addmm_(g, a)
-                else:
-                    _add_dropped(dx, g @ a, key, p)
-            grads += [da.to(a32.dtype), db.to(b32.dtype)]
+        adapters = rest[:n_ad]
+        dys = [dy.reshape(-1, dy.shape[-1]) for dy in dys]
+        dx = _base_input_grad(ctx.group, dys, x2.dtype) if ctx.needs_input_grad[0] else None
+        if ctx.merged:
+            grads = _merged_adapter_grads(ctx.group, dys, x2, dx, adapters, rest[n_ad])
+        else:
+            xas, masks = rest[n_ad:n_ad + n_ad // 2], iter(rest[n_ad + n_ad // 2:])
+            keys = [next(masks) if k == "mask" else k for k in ctx.keys]
+            grads = _adapter_grads(ctx.group, ctx.ps, dys, x2, dx, adapters, xas, keys)
         return (None if dx is None else dx.view(ctx.shape), None, None, None, *grads)
+
+
+def _base_input_grad(group, dys, dtype) -> torch.Tensor:
+    """dX = sum_i dY_i W_i, the sum accumulated by cuBLAS (beta=1)."""
+    dx = None
+    for proj, dy in zip(group, dys):
+        w = _weight(proj.base, dtype)
+        dx = dy @ w if dx is None else dx.addmm_(dy, w)
+    return dx
+
+
+def _adapter_grads(group, ps, dys, x2, dx, adapters, xas, keys) -> list[torch.Tensor]:
+    """dA_i, dB_i of each adapter on its own (and its part of dX added into `dx`)."""
+    grads, k = [], 0
+    for proj, p, dy in zip(group, ps, dys):
+        if proj.lora is None:
+            continue
+        a32, b32 = adapters[k], adapters[k + 1]
+        xa, key = xas[k // 2], keys[k // 2]
+        k += 2
+        a, b, s = a32.to(dy.dtype), b32.to(dy.dtype), proj.lora.scaling[_adapter(proj.lora)]
+        g = (dy @ b).mul_(s)  # [tokens x r]
+        db = (dy.t() @ xa).mul_(s)
+        da = g.t() @ (x2 if key is None else _replay(x2, key, p))
+        if dx is not None:
+            if key is None:
+                dx.addmm_(g, a)
+            else:
+                _add_dropped(dx, g @ a, key, p)
+        grads += [da.to(a32.dtype), db.to(b32.dtype)]
+    return grads
+
+
+def _merged_adapter_grads(group, dys, x2, dx, adapters, xa_all) -> list[torch.Tensor]:
+    """dA_i, dB_i of adapters that share their thin GEMMs (see _Projections)."""
+    a_all = torch.cat(adapters[0::2]).to(x2.dtype)  # [sum of r x in]
+    parts = xa_all.split([a.shape[0] for a in adapters[0::2]], dim=1)
+    gs, dbs = [], []
+    for proj, dy, b32, xa in zip(group, dys, adapters[1::2], parts):
+        s = proj.lora.scaling[_adapter(proj.lora)]
+        gs.append((dy @ b32.to(dy.dtype)).mul_(s))  # [tokens x r]
+        dbs.append((dy.t() @ xa).mul_(s))
+    g_all = torch.cat(gs, dim=1)
+    das = (g_all.t() @ x2).split([g.shape[1] for g in gs])
+    if dx is not None:
+        dx.addmm_(g_all, a_all)
+    return [t.to(p.dtype) for da, db, a32, b32 in zip(das, dbs, adapters[0::2], adapters[1::2])
+            for t, p in ((da, a32), (db, b32))]
 
 
 def project(x: torch.Tensor, group: tuple[Projection, ...], training: bool,

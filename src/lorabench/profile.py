@@ -88,7 +88,8 @@ def _overlap(start: float, end: float, merged: list[tuple[float, float]]) -> flo
 
 def breakdown(events, device_events=(), trace_start_ns: int = 0) -> tuple[list[dict], Counter]:
     """Per profiled step: {category: milliseconds} plus "step_ms"; and the milliseconds by
-    (category, "kernel <- operator") over all steps, to show what each category holds.
+    (category, "kernel <- operator") over all steps, to show what each category holds (for idle:
+    by what the device waited for, "before <operator> in <outermost operator>").
 
     events: the profiler's FunctionEvents (host operators, with their parents and children, times
     in us from the trace start); device_events: its raw kineto events of the device (kernels and
@@ -112,7 +113,7 @@ def breakdown(events, device_events=(), trace_start_ns: int = 0) -> tuple[list[d
             if COPY_RANGE in names:
                 continue
             start = (k.start_ns() - trace_start_ns) / 1e3  # the FunctionEvents' clock: us from the trace start
-            work.append((start, start + k.duration_ns() / 1e3, classify(names), _who(names)))
+            work.append((start, start + k.duration_ns() / 1e3, classify(names), _who(names), _waiting(names)))
     else:  # the host is the device: each operator's own time (outside its children) is work
         for e in cpu:
             if e.name == STEP_RANGE:
@@ -121,17 +122,17 @@ def breakdown(events, device_events=(), trace_start_ns: int = 0) -> tuple[list[d
             category, who, cursor = classify(names), _who(names), e.time_range.start
             for child in sorted(e.cpu_children, key=lambda c: c.time_range.start):
                 if child.time_range.start > cursor:
-                    work.append((cursor, child.time_range.start, category, who))
+                    work.append((cursor, child.time_range.start, category, who, _waiting(names)))
                 cursor = max(cursor, child.time_range.end)
             if e.time_range.end > cursor:
-                work.append((cursor, e.time_range.end, category, who))
+                work.append((cursor, e.time_range.end, category, who, _waiting(names)))
     work.sort()
 
     out, by_who = [], Counter()
     for s0, s1 in steps:
         ms = dict.fromkeys(CATEGORIES, 0.0)
         cursor = s0
-        for a, b, category, who in work:
+        for a, b, category, who, waiting in work:
             if b <= cursor or a >= s1:
                 continue
             a = max(a, cursor)
@@ -139,12 +140,14 @@ def breakdown(events, device_events=(), trace_start_ns: int = 0) -> tuple[list[d
             gap_data = _overlap(cursor, a, data_ranges)  # device idle before this work
             ms["data"] += gap_data
             ms["idle"] += (a - cursor) - gap_data
+            by_who["idle", waiting] += ((a - cursor) - gap_data) / 1e3
             ms[category] += b - a
             by_who[category, who] += (b - a) / 1e3
             cursor = b
         gap_data = _overlap(cursor, s1, data_ranges)
         ms["data"] += gap_data
         ms["idle"] += (s1 - cursor) - gap_data
+        by_who["idle", "after the step's last work, to its end"] += ((s1 - cursor) - gap_data) / 1e3
         out.append({k: v / 1e3 for k, v in ms.items()} | {"step_ms": (s1 - s0) / 1e3})
     return out, by_who
 
@@ -152,6 +155,13 @@ def breakdown(events, device_events=(), trace_start_ns: int = 0) -> tuple[list[d
 def _who(names: list[str]) -> str:
     """"kernel <- the operator that launched it" (on CPU: "operator <- its parent")."""
     return f"{names[0][:70]} <- {names[1][:50]}" if len(names) > 1 else names[0][:70]
+
+
+def _waiting(names: list[str]) -> str:
+    """What an idle device waited for before a piece of work: its operator, and the outermost
+    operator above it (Optimizer.step, an autograd backward node, the DataLoader...)."""
+    ops = [n for n in names[1:] if n != STEP_RANGE] or names[:1]
+    return f"before {ops[0][:50]}" + (f" in {ops[-1][:60]}" if len(ops) > 1 else "")
 
 
 def contributors_text(by_who: Counter, steps: int, top: int = 6) -> str:

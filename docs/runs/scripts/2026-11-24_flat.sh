@@ -7,6 +7,10 @@
 #   whole    the flat optimizer's GPU test; seq 512 on the whole GPU, fixed-length rows, b32, nothing
 #            recomputed, 2 DataLoader workers: fast without and with the flat optimizer at LoRA dropout
 #            0.05, with it at dropout 0 (profiled) and at b40
+#   merged   the GPU tests of flat_optim, fused and profile; the step's GEMM shapes alone (bench.py
+#            suite=hardware at 16,384 rows, 2 s per shape: their rate under the power limit); seq 512,
+#            whole GPU, b32, dropout 0: fast at the commit before (c069343, its src/lorabench carried as
+#            .old/src) and now (q/k/v's adapters sharing their thin GEMMs; profiled), and b40
 #   unsloth  seq 512, whole GPU: fast's best and Unsloth's best (b32, 2 workers) at dropout 0.05 and 0 in one lease
 #   packed   seq 512, ShareGPT packed, 22 GiB: hf's seed cell and fast's best with the flat optimizer
 set -u
@@ -20,6 +24,15 @@ case $2 in
     x="hydra.sweep.dir=$D/auto"
     run $s $x "$w" backend=fast batch=32 backend.flat_optimizer=false
     run $s $x "$w" backend=fast batch=32
+    run $s $x "$w" backend=fast batch=32 lora.dropout=0 train.profile_steps=2
+    run $s $x "$w" backend=fast batch=40 lora.dropout=0 ;;
+  merged)
+    python3 -m pytest -q -m gpu tests/test_flat_optim.py tests/test_fused.py tests/test_profile.py tests/test_backends.py \
+      -k "not unsloth" > $OUT/gpu_tests.txt 2>&1; tail -1 $OUT/gpu_tests.txt
+    python3 bench.py suite=hardware model=mistral-7b-v0.3 'hardware.tokens=[16384]' 'hardware.dtypes=[bf16]' \
+      'hardware.sizes=[8192]' hardware.rep_ms=2000 hydra.run.dir=$D/hardware 2>&1 | grep -E "gemm|clock|power|rror" | head
+    x="hydra.sweep.dir=$D/auto"
+    PYTHONPATH=/tmp/site:$PWD/.old/src run $s hydra.sweep.dir=$D/before "$w" backend=fast batch=32 lora.dropout=0
     run $s $x "$w" backend=fast batch=32 lora.dropout=0 train.profile_steps=2
     run $s $x "$w" backend=fast batch=40 lora.dropout=0 ;;
   unsloth)
