@@ -12,7 +12,8 @@
 #            whole GPU, b32, dropout 0: fast at the commit before (c069343, its src/lorabench carried as
 #            .old/src) and now (q/k/v's adapters sharing their thin GEMMs; profiled), and b40
 #   unsloth  seq 512, whole GPU: fast's best and Unsloth's best (b32, 2 workers) at dropout 0.05 and 0 in one lease
-#   packed   seq 512, ShareGPT packed, 22 GiB: hf's seed cell and fast's best with the flat optimizer
+#   packed   seq 512, ShareGPT packed, 22 GiB: hf's seed cell and fast's best with and without the flat optimizer
+#   h200     (on nvidia-h200) seq 512, the whole GPU (139 GiB), dropout 0: fast and Unsloth at b32 and b64, fast at b48
 set -u
 LIMIT_S=580; source "$(dirname "$0")/device_setup.sh" "$@"  # wheels, data, environment, run, sg
 sub='hydra.sweep.subdir=${backend.name}_s${seq_len}_b${batch}_r${train.checkpoint_fraction}_o${train.offload_fraction}_f${backend.flat_optimizer}'
@@ -46,6 +47,10 @@ case $2 in
     run $sg $x "$sub" backend=hf batch=8 train.checkpoint_fraction=1 data.packing=true
     run $sg $x "$sub" backend=fast batch=24 train.checkpoint_fraction=0.375 train.offload_fraction=0.25 backend.flat_optimizer=false
     run $sg $x "$sub" backend=fast batch=24 train.checkpoint_fraction=0.375 train.offload_fraction=0.25 ;;
+  h200)
+    x="hydra.sweep.dir=$D/auto"
+    for b in 64 48 32; do run $s $x "$w" backend=fast batch=$b lora.dropout=0; done
+    for b in 64 32; do run $s $x "$w" backend=unsloth batch=$b lora.dropout=0; done ;;
 esac
 echo "exit after $((SECONDS - t0)) s"
 (cd $OUT && tar czf $2.tgz $2 && rm -rf $2)
