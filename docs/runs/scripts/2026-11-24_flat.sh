@@ -14,6 +14,7 @@
 #   unsloth  seq 512, whole GPU: fast's best and Unsloth's best (b32, 2 workers) at dropout 0.05 and 0 in one lease
 #   packed   seq 512, ShareGPT packed, 22 GiB: hf's seed cell and fast's best with and without the flat optimizer
 #   h200     (on nvidia-h200) seq 512, the whole GPU (139 GiB), dropout 0: fast and Unsloth at b32 and b64, fast at b48
+#   h200p    (on nvidia-h200, the same lease) fast's best H200 cell (b48) profiled, and b40
 set -u
 LIMIT_S=580; source "$(dirname "$0")/device_setup.sh" "$@"  # wheels, data, environment, run, sg
 sub='hydra.sweep.subdir=${backend.name}_s${seq_len}_b${batch}_r${train.checkpoint_fraction}_o${train.offload_fraction}_f${backend.flat_optimizer}'
@@ -51,6 +52,10 @@ case $2 in
     x="hydra.sweep.dir=$D/auto"
     for b in 64 48 32; do run $s $x "$w" backend=fast batch=$b lora.dropout=0; done
     for b in 64 32; do run $s $x "$w" backend=unsloth batch=$b lora.dropout=0; done ;;
+  h200p)
+    x="hydra.sweep.dir=$D/auto"
+    run $s $x "$w" backend=fast batch=48 lora.dropout=0 train.profile_steps=2
+    run $s $x "$w" backend=fast batch=40 lora.dropout=0 ;;
 esac
 echo "exit after $((SECONDS - t0)) s"
 (cd $OUT && tar czf $2.tgz $2 && rm -rf $2)
