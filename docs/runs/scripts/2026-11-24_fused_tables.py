@@ -1,8 +1,9 @@
 """docs/performance.md's issue-19 tables, from the run dirs of docs/runs/2026-11-24_h100_fused (first
 round: fused projections, seeded dropout), docs/runs/2026-11-24_h100_offload (second: offloading) or
-docs/runs/2026-11-24_h100_varlen (third: packed rows' attention without a mask, the whole GPU):
+docs/runs/2026-11-24_h100_varlen (third: packed rows' attention without a mask, the whole GPU) or
+docs/runs/2026-11-24_flat (fourth: the flat optimizer, q/k/v's adapters sharing their thin GEMMs, H100 and H200):
 
-    python docs/runs/scripts/2026-11-24_fused_tables.py [fused|offload|varlen]
+    python docs/runs/scripts/2026-11-24_fused_tables.py [fused|offload|varlen|flat]
 
 Per table: one GPU, one device call (same lease), same rows for every backend. "at p50" = mean non-pad
 tokens per timed step / the median step time; ratios are to the hf cell of the same table.
@@ -14,9 +15,10 @@ from pathlib import Path
 from lorabench.results import load_cells
 
 ROUND = sys.argv[1] if len(sys.argv) > 1 else "fused"
-RUNS = Path(__file__).resolve().parents[1] / f"2026-11-24_h100_{ROUND}"
-OFFLOAD = ROUND in ("offload", "varlen")  # cells name their offloaded fraction and the host memory it took
-VARLEN = ROUND == "varlen"  # cells name their attention, LoRA dropout and DataLoader workers
+RUNS = Path(__file__).resolve().parents[1] / ("2026-11-24_flat" if ROUND == "flat" else f"2026-11-24_h100_{ROUND}")
+OFFLOAD = ROUND in ("offload", "varlen", "flat")  # cells name their offloaded fraction and the host memory it took
+VARLEN = ROUND in ("varlen", "flat")  # cells name their attention, LoRA dropout and DataLoader workers
+FLAT = ROUND == "flat"  # fast cells without the flat optimizer say so
 TABLES = [  # (title, sweep dirs)
     ("seq 512, fixed-length rows, LoRA dropout 0.05 (the seed's recipe)", ["t512/a10", "t512/auto"]),
     ("seq 512, fixed-length rows, LoRA dropout 0 (Unsloth's default)", ["t512d0/a10", "t512d0/auto"]),
@@ -33,6 +35,13 @@ TABLES = [  # (title, sweep dirs)
     ("probe2: seq 2048, expandable segments on (fast's default now)", ["probe2/s2048", "probe2/no_recompute"]),
     ("probe: seq 2048, before expandable segments and one copy per buffer (commit 30702a7)", ["probe/s2048"]),
 ] if not VARLEN else [
+    ("seq 512, the whole GPU, fixed-length rows: fast with the flat optimizer and without (H100)", ["whole/auto"]),
+    ("seq 512, the whole GPU, LoRA dropout 0: q/k/v's adapters in shared thin GEMMs (now) and apart (the commit "
+     "before, c069343), one lease (H100)", ["merged/before", "merged/auto"]),
+    ("seq 512, the whole GPU: fast and Unsloth in one lease (H100)", ["unsloth/auto"]),
+    ("seq 512, the whole GPU, LoRA dropout 0: fast and Unsloth in one lease (H200)", ["h200/auto", "h200p/auto"]),
+    ("seq 512, ShareGPT packed for both, 22 GiB (H100)", ["packed/sharegpt"]),
+] if FLAT else [
     ("seq 512, ShareGPT packed for both, LoRA dropout 0.05", ["packed/sharegpt"]),
     ("seq 512, ShareGPT packed for both, another lease", ["packed2/sharegpt"]),
     ("first try, a third lease (the varlen cells failed: torch 2.11's varlen_attn takes no enable_gqa)",
@@ -55,12 +64,14 @@ def row(r):
         cell += ((", varlen attention" if c["backend"].get("varlen_attention") else ", SDPA + mask") if packed
                  and c["backend"]["name"] == "fast" else "")
         cell += f", dropout {c['lora']['dropout']:g}" if c["lora"]["dropout"] != 0.05 else ""
-        cell += f", {c['data']['num_workers']} loader workers" if c["data"]["num_workers"] else ""
+        cell += f", {c['data']['num_workers']} loader workers" if c["data"]["num_workers"] and not FLAT else ""
+        flat = c["backend"].get("flat_optimizer", False)
+        cell += ", per-tensor optimizer" if FLAT and c["backend"]["name"] == "fast" and not flat else ""
     return {"host": m.get("mem/host_offload_peak_gib"), "budget": "22 GiB (A10)" if r.choices["gpu"] == "a10" else "whole GPU",
             "backend": c["backend"]["name"] + (" (seeded dropout)" if seeded and c["lora"]["dropout"] and not OFFLOAD else ""),
             "cell": cell, "dropout": c["lora"]["dropout"],
             "tok": m["perf/tokens_per_s"], "p50": p50, "mfu": m["perf/mfu_pct"],
-            "gib": m["mem/peak_reserved_gib"], "usd": m["cost/usd_per_1m_tokens"]}
+            "gib": m["mem/peak_reserved_gib"], "usd": m.get("cost/usd_per_1m_tokens")}
 
 
 def layout_of(r):
@@ -72,7 +83,8 @@ def layout_of(r):
 
 def table(title, dirs):
     cells = [r for d in dirs for r in load_cells(RUNS / d)]
-    rows = [row(r) for r in cells if r.ok]
+    rows = [row(r) | ({"cell": row(r)["cell"] + " (c069343)"} if "/before/" in r.dir else {})
+            for r in cells if r.ok]
     layout, host = ("batch, recomputed / offloaded fraction", " host GiB |") if OFFLOAD else ("batch, ckpt fraction", "")
     out = [f"**{title}** ({', '.join(f'runs/{RUNS.name}/' + d for d in dirs)}; "
            f"{cells[0].env['gpu']['name'] if cells[0].env.get('gpu') else cells[0].gpu['device_name']})", "",
@@ -94,9 +106,11 @@ def table(title, dirs):
                 un = unsloth[r["dropout"]]
                 x_hf = f"{r['tok'] / hf['tok']:.2f} ({r['p50'] / hf['p50']:.2f})" if hf and budget.startswith("22") else "-"
                 x_un = f"{r['tok'] / un['tok']:.2f} ({r['p50'] / un['p50']:.2f})" if un and r["backend"] != "unsloth" else "-"
+                # the c069343 cell ran that commit's src/lorabench from another folder: it found no GPU catalog
+                usd, mfu = ("-" if r[k] is None else f.format(r[k]) for k, f in (("usd", "${:.3f}"), ("mfu", "{:.1f}")))
                 gib = f"{r['gib']:.2f} |" + (f" {r['host']:.2f} |" if r["host"] else " - |") * OFFLOAD
                 out.append(f"| {budget} | {r['backend']} | {r['cell']} | {r['tok']:,.0f} | {r['p50']:,.0f} | "
-                           f"{r['mfu']:.1f} | {gib} ${r['usd']:.3f} | {x_hf} | {x_un} |")
+                           f"{mfu} | {gib} {usd} | {x_hf} | {x_un} |")
     failed = [f"{r.config['backend']['name']} {layout_of(r)}: {r.status.value} at "
               f"{r.metrics.get('mem/peak_reserved_gib', 0):.2f} GiB reserved" for r in cells if not r.ok]
     if failed:
@@ -126,6 +140,47 @@ def varlen_effects() -> str:
     ])
 
 
+def flat_effects() -> str:
+    """The fourth round's comparisons, each from cells of one lease, and one across leases (labelled)."""
+    def cells(d, runs=RUNS):
+        return {(r["backend"], r["cell"]): r for r in map(row, filter(lambda c: c.ok, load_cells(runs / d)))}
+
+    whole, packed = cells("whole/auto"), cells("packed/sharegpt")
+    per, flat = whole[("fast", "b32, 0 / 0, per-tensor optimizer")], whole[("fast", "b32, 0 / 0")]
+    best = "b24, 0.375 / 0.25, varlen attention"
+    pper, pflat = packed[("fast", best + ", per-tensor optimizer")], packed[("fast", best)]
+    apart, shared = cells("merged/before")[("fast", "b32, 0 / 0, dropout 0")], cells("merged/auto")[("fast", "b32, 0 / 0, dropout 0")]
+    hw = load_cells(RUNS / "merged/hardware")[0]
+    earlier = RUNS.parent / "2026-11-24_h100_varlen"
+    hf = [r for d in ("packed/sharegpt", "packed2/sharegpt", "first_try/sharegpt") for (b, _), r in cells(d, earlier).items()
+          if b == "hf"] + [r for (b, _), r in cells("t512/sharegpt", RUNS.parent / "2026-11-24_h100_offload").items()
+                           if b == "hf"] + [packed[("hf", "b8, 1 / 0")]]
+    gemm = hw.metrics["hw/gemm_t16384_tflops"]
+    return "\n".join([
+        f"- Same lease, whole GPU (b32, nothing recomputed, dropout 0.05): the flat optimizer {flat['tok'] / per['tok'] - 1:+.1%} "
+        f"tokens/s ({flat['p50'] / per['p50'] - 1:+.1%} at p50).",
+        f"- Same lease, 22 GiB, packed ShareGPT (fast's best layout): the flat optimizer {pflat['tok'] / pper['tok'] - 1:+.1%} "
+        f"tokens/s, {pflat['gib'] - pper['gib']:+.2f} GiB reserved.",
+        f"- Same lease, whole GPU, dropout 0: q/k/v's adapters in shared thin GEMMs {shared['tok'] / apart['tok'] - 1:+.1%} "
+        f"tokens/s ({shared['p50'] / apart['p50'] - 1:+.1%} at p50) against the commit before.",
+        f"- Across leases (labelled: hf's seed cell moves from lease to lease): fast's best packed cell of this round at p50 "
+        f"({pflat['p50']:,.0f}) over the fastest hf packed cell at p50 of any lease ({max(r['p50'] for r in hf):,.0f}, "
+        f"{len(hf)} leases): {pflat['p50'] / max(r['p50'] for r in hf):.2f}x.",
+        f"- The step's GEMM shapes alone (merged/hardware: `bench.py suite=hardware`, 16,384 rows, each shape for 2 s, "
+        f"the H100 at its {hw.metrics['gpu/power_limit_w']:.0f} W limit {hw.metrics['gpu/power_capped_frac']:.0%} of the time, "
+        f"SM clock {hw.metrics['gpu/sm_clock_mean_mhz']:,.0f} MHz on average): {gemm:.0f} TFLOP/s, "
+        f"{gemm / hw.gpu['peak_bf16_tflops']:.1%} of the datasheet's {hw.gpu['peak_bf16_tflops']:.0f}. 60% MFU asks the whole step "
+        f"for {0.6 * hw.gpu['peak_bf16_tflops'] / gemm:.1%} of what its GEMMs reach alone.",
+    ])
+
+
+def idle_lines(sweep: Path, top: int = 3) -> str:
+    """The largest idle contributors of the profiled cell of `sweep` (from its profile.txt)."""
+    (r,) = [r for r in load_cells(sweep) if "prof/step_ms" in r.metrics]
+    text = (Path(r.dir) / "profile.txt").read_text().split("\nidle:\n")[1].split("\n\n")[0]
+    return "; ".join(" ".join(line.split()) for line in text.splitlines()[:top])
+
+
 def mfu_budget(sweep: Path) -> str:
     """What 60% MFU leaves for the rest of a step, from the profiled whole-GPU cell of `sweep`."""
     (r,) = [r for r in load_cells(sweep) if "prof/step_ms" in r.metrics]
@@ -145,13 +200,17 @@ if __name__ == "__main__":
     print("\n\n".join(table(t, d) for t, d in TABLES))
     if OFFLOAD and not VARLEN:
         sys.exit()
-    if VARLEN:  # 60% MFU, from the second round's profile of fast's best whole-GPU cell
+    if FLAT:  # 60% MFU, from this round's profiles of fast's best whole-GPU cells
+        print("\n" + flat_effects() + "\n")
+        for d in ("merged/auto", "h200p/auto"):
+            print(f"- {mfu_budget(RUNS / d)} Idle, by what the GPU waited for: {idle_lines(RUNS / d)}.")
+    elif VARLEN:  # 60% MFU, from the second round's profile of fast's best whole-GPU cell
         print("\n" + varlen_effects() + "\n\n" + mfu_budget(RUNS.parent / "2026-11-24_h100_offload/profile/auto"))
     # the profiled cells (first round: fast's best on the whole GPU; third: the best packed 22 GiB cell):
     # where a step's time goes, ms per step
     cats = ("matmul", "elementwise", "attention", "dequant", "data", "optimizer", "loss", "idle")
     print("\n| profiled cell | step ms | " + " | ".join(cats) + " |\n|---|---|" + "---|" * len(cats))
-    for d in ("packed2/profile",) if VARLEN else ("t512/auto", "t512d0/auto"):
+    for d in ("merged/auto", "h200p/auto") if FLAT else ("packed2/profile",) if VARLEN else ("t512/auto", "t512d0/auto"):
         for r in load_cells(RUNS / d):
             m = r.metrics
             if "prof/step_ms" in m:
