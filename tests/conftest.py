@@ -68,7 +68,10 @@ class Forked:
     def __init__(self, argv, cwd=REPO, env=None):
         self.argv, self.returncode, self._popen = list(argv), None, None
         self._out, self._err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
-        if torch.cuda.is_initialized():  # CUDA does not survive a fork: a new interpreter then
+        # A new interpreter where a fork would hang or break: CUDA does not survive a fork, nor do
+        # OpenMP's worker threads once a parent has used them (outside xdist, torch runs 2 intra-op
+        # threads and the child stopped in its first matmul).
+        if torch.cuda.is_initialized() or torch.get_num_threads() > 1:
             self._popen = subprocess.Popen([sys.executable, *self.argv], cwd=cwd, env={**os.environ, **(env or {})},
                                            stdout=self._out, stderr=self._err)
             self.pid = self._popen.pid
