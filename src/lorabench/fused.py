@@ -117,13 +117,13 @@ class _Projections(torch.autograd.Function):
         for proj, p in zip(group, ps):
             y = x2 @ _weight(proj.base, dtype).t()
             if proj.lora is not None:
-                a, b = adapters[k].to(dtype), adapters[k + 1].to(dtype)
+                a, b = adapters[k], adapters[k + 1].to(dtype)
                 k += 2
                 if merged:
                     xa = next(xa_parts)  # a column block of XA (cuBLAS reads it with its row stride)
                 else:
                     xd, key = _dropout(x2, p, seeded) if p > 0 else (x2, None)
-                    xa = xd @ a.t()
+                    xa = xd @ a.to(dtype).t()
                     del xd
                     xas.append(xa)
                     keys.append(key)
