@@ -83,8 +83,9 @@ def layout_of(r):
 
 def table(title, dirs):
     cells = [r for d in dirs for r in load_cells(RUNS / d)]
-    rows = [row(r) | ({"cell": row(r)["cell"] + " (c069343)"} if "/before/" in r.dir else {})
-            for r in cells if r.ok]
+    rows = [row(r) for r in cells if r.ok]
+    for r, c in zip(rows, [c for c in cells if c.ok]):
+        r["cell"] += " (c069343)" if "/before/" in c.dir else ""
     layout, host = ("batch, recomputed / offloaded fraction", " host GiB |") if OFFLOAD else ("batch, ckpt fraction", "")
     out = [f"**{title}** ({', '.join(f'runs/{RUNS.name}/' + d for d in dirs)}; "
            f"{cells[0].env['gpu']['name'] if cells[0].env.get('gpu') else cells[0].gpu['device_name']})", "",
