@@ -64,9 +64,13 @@ def _triton_interpreter() -> bool:
 
 @contextlib.contextmanager
 def module_patches(c: Config):
-    """Around a whole cell: the allocator's settings and Liger's module-level replacements in
-    transformers' Mistral code, undone at the end, whatever happened."""
-    with _allocator(c), _liger_patches(c):
+    """Around a whole cell: the allocator's settings, Liger's module-level replacements in
+    transformers' Mistral code and lorabench's launch of Liger's RMSNorm backward, undone at the end,
+    whatever happened."""
+    from lorabench import norm_kernels
+
+    with _allocator(c), _liger_patches(c), \
+            norm_kernels.frozen_weight_grid(c.backend.norm_backward_grid and "rms_norm" in c.backend.liger):
         yield
 
 
@@ -151,11 +155,15 @@ def apply_checkpointing(model, train: TrainConfig, device: torch.device) -> tupl
 
 
 def apply_fused_lora(model, c: Config):
-    """The attention's LoRA projections through lorabench.fused (after PEFT has wrapped them)."""
-    if c.backend.fused_lora:
-        from lorabench import fused
+    """The attention's LoRA projections, and with fused_mlp the MLP's, through lorabench.fused (after
+    PEFT has wrapped them)."""
+    from lorabench import fused
 
-        log.info("fused LoRA projections in %d decoder layers", fused.patch_attention(decoder_layers(model), c.backend.seeded_dropout))
+    b, layers = c.backend, decoder_layers(model)
+    if b.fused_lora:
+        log.info("fused LoRA projections in %d decoder layers", fused.patch_attention(layers, b.seeded_dropout, b.triton_dequant))
+    if b.fused_mlp:
+        log.info("fused MLP projections in %d decoder layers", fused.patch_mlp(layers, b.seeded_dropout, b.triton_dequant))
     return model
 
 

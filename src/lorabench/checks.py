@@ -37,19 +37,21 @@ def check_values(c: Config) -> None:
         raise ValueError("data.packing=true with data=synthetic: synthetic rows are already exactly seq_len "
                          "tokens, there is nothing to pack")
     b = c.backend
-    if b.name is Backend.unsloth and (b.liger or b.pack or b.compile or b.fused_lora or b.varlen_attention
-                                      or not b.upcast_fp32):
+    if b.name is Backend.unsloth and (b.liger or b.pack or b.compile or b.fused_lora or b.fused_mlp
+                                      or b.varlen_attention or not b.upcast_fp32):
         raise ValueError("backend=unsloth is Unsloth's recipe as it is: backend.liger=[], backend.pack=false, "
-                         "backend.compile=false, backend.fused_lora=false, backend.varlen_attention=false and "
+                         "backend.compile=false, backend.fused_lora=false, backend.fused_mlp=false, "
+                         "backend.varlen_attention=false and "
                          f"backend.upcast_fp32=true (got liger={list(b.liger)}, pack={b.pack}, compile={b.compile}, "
-                         f"fused_lora={b.fused_lora}, varlen_attention={b.varlen_attention}, "
+                         f"fused_lora={b.fused_lora}, fused_mlp={b.fused_mlp}, varlen_attention={b.varlen_attention}, "
                          f"upcast_fp32={b.upcast_fp32})")
     if b.name is Backend.unsloth and c.train.offload_fraction:
         raise ValueError(f"train.offload_fraction={c.train.offload_fraction:g} is lorabench's offloading; "
                          "backend=unsloth runs its own (it offloads its checkpointed layers' inputs): use 0 with it")
-    if b.fused_lora and c.precision.name is Precision.int8:
-        raise ValueError("backend.fused_lora=true runs 4-bit and 16/32-bit base layers, not precision=int8 "
-                         "(bitsandbytes' 8-bit matmul): use backend.fused_lora=false with it")
+    for knob, on in (("fused_lora", b.fused_lora), ("fused_mlp", b.fused_mlp)):
+        if on and c.precision.name is Precision.int8:
+            raise ValueError(f"backend.{knob}=true runs 4-bit and 16/32-bit base layers, not precision=int8 "
+                             f"(bitsandbytes' 8-bit matmul): use backend.{knob}=false with it")
     if b.flat_optimizer and c.optimizer.name is OptimizerName.adafactor:
         raise ValueError("backend.flat_optimizer=true with optimizer=adafactor: Adafactor factors each matrix's "
                          "second moment by rows and columns, a flat tensor would change that; use "

@@ -437,6 +437,19 @@ class BackendConfig:
     # arithmetic, one launch per step instead of one per adapter tensor (256 at r16 on q/k/v/o), each
     # followed by a device sync in bitsandbytes' 8-bit optimizers.
     flat_optimizer: bool = False
+    # The Trainer's per-step host work on the model cut (lorabench.meter.lean_step): zero_grad clears
+    # only the trainable parameters, train() walks the modules only when the mode changes. The GPU
+    # waits for that work between steps; nothing the model computes changes.
+    lean_step: bool = False
+    # The MLP's gate/up and down projections through lorabench.fused too (gate and up's input gradient
+    # summed by cuBLAS, one [tokens x hidden] add less per layer).
+    fused_mlp: bool = False
+    # In lorabench.fused's projections, nf4 weights on CUDA dequantised by lorabench.nf4_kernels (one
+    # Triton kernel, bit for bit bitsandbytes') instead of bitsandbytes' kernel.
+    triton_dequant: bool = False
+    # With Liger's RMSNorm: its backward, where the norm's weight is frozen (QLoRA), launched with one
+    # program per 4 rows instead of one per SM (lorabench.norm_kernels): the same arithmetic.
+    norm_backward_grid: bool = False
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.liger) - set(LIGER_OPS))

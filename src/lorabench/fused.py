@@ -36,6 +36,7 @@ class Projection:
     """One projection of a group: its base linear layer and, when LoRA adapts it, PEFT's layer."""
     base: nn.Module
     lora: nn.Module | None  # a peft LoraLayer (it holds lora_A, lora_B, scaling, lora_dropout)
+    triton_dequant: bool = False  # nf4 on CUDA dequantised by lorabench.nf4_kernels
 
 
 def _adapter(lora: nn.Module) -> str:
@@ -80,12 +81,17 @@ def _add_dropped(acc: torch.Tensor, g: torch.Tensor, key, p: float) -> None:
         acc.add_(torch.ops.aten.native_dropout_backward(g, key, 1 / (1 - p)))
 
 
-def _weight(base: nn.Module, dtype: torch.dtype) -> torch.Tensor:
+def _weight(proj: Projection, dtype: torch.dtype) -> torch.Tensor:
     """The base layer's weight [out x in] in `dtype`, dequantised when it is 4-bit (a temporary)."""
-    w = base.weight
+    w = proj.base.weight
     state = getattr(w, "quant_state", None)
     if state is None:
         return w.to(dtype)
+    if proj.triton_dequant:
+        from lorabench import nf4_kernels
+
+        if nf4_kernels.runs(w, state):
+            return nf4_kernels.dequantize(w.data, state).to(dtype)
     import bitsandbytes.functional as bnbf
 
     return bnbf.dequantize_4bit(w.data, state).to(dtype)
@@ -115,7 +121,7 @@ class _Projections(torch.autograd.Function):
         ys, xas, keys = [], [], []
         k = 0
         for proj, p in zip(group, ps):
-            y = x2 @ _weight(proj.base, dtype).t()
+            y = x2 @ _weight(proj, dtype).t()
             if proj.lora is not None:
                 a, b = adapters[k], adapters[k + 1].to(dtype)
                 k += 2
@@ -133,7 +139,9 @@ class _Projections(torch.autograd.Function):
         # Seeds (and None) stay on ctx as they are, bool masks go through save_for_backward.
         masks = [k for k in keys if isinstance(k, torch.Tensor)]
         ctx.keys = ["mask" if isinstance(k, torch.Tensor) else k for k in keys]
-        ctx.save_for_backward(x2, *adapters, *([xa_all] if merged else xas), *masks)
+        # X is kept only for the adapters' gradients: a group without adapters (the MLP's, where LoRA
+        # adapts q/k/v/o only) keeps nothing, as bitsandbytes' 4-bit matmul keeps nothing.
+        ctx.save_for_backward(x2 if adapters else None, *adapters, *([xa_all] if merged else xas), *masks)
         return tuple(ys)
 
     @staticmethod
@@ -142,7 +150,7 @@ class _Projections(torch.autograd.Function):
         n_ad = 2 * sum(proj.lora is not None for proj in ctx.group)
         adapters = rest[:n_ad]
         dys = [dy.reshape(-1, dy.shape[-1]) for dy in dys]
-        dx = _base_input_grad(ctx.group, dys, x2.dtype) if ctx.needs_input_grad[0] else None
+        dx = _base_input_grad(ctx.group, dys, dys[0].dtype) if ctx.needs_input_grad[0] else None
         if ctx.merged:
             grads = _merged_adapter_grads(ctx.group, dys, x2, dx, adapters, rest[n_ad])
         else:
@@ -156,7 +164,7 @@ def _base_input_grad(group, dys, dtype) -> torch.Tensor:
     """dX = sum_i dY_i W_i, the sum accumulated by cuBLAS (beta=1)."""
     dx = None
     for proj, dy in zip(group, dys):
-        w = _weight(proj.base, dtype)
+        w = _weight(proj, dtype)
         dx = dy @ w if dx is None else dx.addmm_(dy, w)
     return dx
 
@@ -219,14 +227,17 @@ def project(x: torch.Tensor, group: tuple[Projection, ...], training: bool,
         return _Projections.apply(x, group, tuple(ps), seeded, *adapters)
 
 
-def _split(module: nn.Module) -> Projection:
+def _split(module: nn.Module, triton_dequant: bool) -> Projection:
     from peft.tuners.lora import LoraLayer
 
     if not isinstance(module, LoraLayer):
-        return Projection(base=module, lora=None)
-    if len(module.active_adapters) != 1 or module.use_dora[_adapter(module)] or module.merged:
+        proj = Projection(base=module, lora=None, triton_dequant=triton_dequant)
+    elif len(module.active_adapters) != 1 or module.use_dora[_adapter(module)] or module.merged:
         raise ValueError("backend.fused_lora: a projection with several, DoRA or merged adapters")
-    return Projection(base=module.get_base_layer(), lora=module)
+    else:
+        proj = Projection(base=module.get_base_layer(), lora=module, triton_dequant=triton_dequant)
+    check_base(proj.base)
+    return proj
 
 
 def check_base(base: nn.Module) -> None:
@@ -259,14 +270,44 @@ def _attention_forward(self, hidden_states, position_embeddings, attention_mask,
     return out, weights
 
 
-def patch_attention(layers, seeded_dropout: bool) -> int:
+def patch_attention(layers, seeded_dropout: bool, triton_dequant: bool = False) -> int:
     """Route each decoder layer's attention projections through `project`; returns how many layers."""
     for layer in layers:
         attn = layer.self_attn
         attn.lorabench_seeded = seeded_dropout
-        attn.lorabench_qkv = tuple(_split(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj))
-        attn.lorabench_o = (_split(attn.o_proj),)
-        for proj in (*attn.lorabench_qkv, *attn.lorabench_o):
-            check_base(proj.base)
+        attn.lorabench_qkv = tuple(_split(m, triton_dequant) for m in (attn.q_proj, attn.k_proj, attn.v_proj))
+        attn.lorabench_o = (_split(attn.o_proj, triton_dequant),)
         attn.forward = types.MethodType(_attention_forward, attn)
+    return len(layers)
+
+
+def _mlp_forward(self, x):
+    """MistralMLP.forward (or Liger's SwiGLU MLP's) with gate/up and down through `project`."""
+    gate, up = project(x, self.lorabench_gate_up, self.training, self.lorabench_seeded)
+    (out,) = project(self.lorabench_act(gate, up), self.lorabench_down, self.training, self.lorabench_seeded)
+    return out
+
+
+def _activation(mlp: nn.Module):
+    """act(gate) * up as the MLP computes it: Liger's SwiGLU kernel where Liger patched the MLP
+    (it rebinds forward and _get_name on the instance), else the model's act_fn and a multiply."""
+    if mlp._get_name() == "LigerSwiGLUMLP":
+        from liger_kernel.transformers.swiglu import _swiglu_dispatch
+
+        return _swiglu_dispatch
+    return lambda gate, up: mlp.act_fn(gate) * up
+
+
+def patch_mlp(layers, seeded_dropout: bool, triton_dequant: bool = False) -> int:
+    """Route each decoder layer's MLP projections through `project` (backend.fused_mlp): gate and up
+    read one input, so dX = dG W_gate + dU W_up is summed by cuBLAS (beta=1) instead of by autograd,
+    one [tokens x 4096] add less per layer; with triton_dequant their nf4 weights go through
+    lorabench.nf4_kernels. Without adapters on them nothing is kept for the backward but what
+    bitsandbytes' matmul keeps (the 4-bit weight)."""
+    for layer in layers:
+        mlp = layer.mlp
+        mlp.lorabench_seeded, mlp.lorabench_act = seeded_dropout, _activation(mlp)
+        mlp.lorabench_gate_up = tuple(_split(m, triton_dequant) for m in (mlp.gate_proj, mlp.up_proj))
+        mlp.lorabench_down = (_split(mlp.down_proj, triton_dequant),)
+        mlp.forward = types.MethodType(_mlp_forward, mlp)
     return len(layers)

@@ -129,7 +129,8 @@ def _measure(c: Config, run_dir: Path, result: CellResult, logger: MetricLogger,
         args._n_gpu = 1
     trainer = MeasuredTrainer(model=model, args=args, train_dataset=dataset,
                               data_collator=data.build_collator(c, tokenizer),
-                              callbacks=callbacks, meter=meter, flat_optimizer=c.backend.flat_optimizer)
+                              callbacks=callbacks, meter=meter, flat_optimizer=c.backend.flat_optimizer,
+                              lean_step=c.backend.lean_step)
     trainer.remove_callback(PrinterCallback)  # it prints every log dict; the bar shows them
     aborted = False
     try:

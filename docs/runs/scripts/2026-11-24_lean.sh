@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Issue 19, fifth round: the Trainer's per-step host work cut (backend.lean_step), the MLP through
+# lorabench.fused (backend.fused_mlp), nf4 dequantised in Triton (backend.triton_dequant) and Liger's
+# RMSNorm backward on a full grid (backend.norm_backward_grid), on the GPU at hand (the device tool),
+# in parts that each fit one call:
+#   bash docs/runs/scripts/2026-11-24_lean.sh <commit> <part>
+# with .whl/ (and .whl_unsloth/ for Unsloth's cells, .gpudata/ for ShareGPT) as for
+# docs/runs/scripts/2026-11-24_fused.sh. Each part writes its sweep dirs to $OUT/<part>.tgz.
+# Every cell: seq 512, fixed-length rows, the whole GPU, nothing recomputed, LoRA dropout 0, 2 workers.
+#   h200a   (nvidia-h200) the GPU tests of the new parts; fast b48 with the four options off (the fourth
+#            round's fast), with all four, and with all but lean_step, all but fused_mlp
+#   h200b   (nvidia-h200, the same lease) fast b48 with all four, profiled; all but triton_dequant, all
+#            but norm_backward_grid; Unsloth's b64 (its best H200 cell in the fourth round)
+set -u
+LIMIT_S=580; source "$(dirname "$0")/device_setup.sh" "$@"  # wheels, data, environment, run, sg
+s="-m +experiment=seed_optimum data=synthetic train.max_steps=20 gpu=auto train.checkpoint_fraction=0 data.num_workers=2 lora.dropout=0"
+w='hydra.sweep.subdir=${backend.name}_b${batch}_l${backend.lean_step}_m${backend.fused_mlp}_t${backend.triton_dequant}_n${backend.norm_backward_grid}'
+x="hydra.sweep.dir=$OUT/$2/auto"
+off="backend.lean_step=false backend.fused_mlp=false backend.triton_dequant=false backend.norm_backward_grid=false"
+case $2 in
+  h200a)
+    python3 -m pytest -q -m gpu tests/test_fast_parts.py tests/test_fused.py > $OUT/gpu_tests.txt 2>&1; tail -3 $OUT/gpu_tests.txt
+    run $s $x "$w" backend=fast batch=48 $off
+    run $s $x "$w" backend=fast batch=48
+    run $s $x "$w" backend=fast batch=48 backend.lean_step=false
+    run $s $x "$w" backend=fast batch=48 backend.fused_mlp=false ;;
+  h200b)
+    run $s $x "$w" backend=fast batch=48 train.profile_steps=2
+    run $s $x "$w" backend=fast batch=48 backend.triton_dequant=false
+    run $s $x "$w" backend=fast batch=48 backend.norm_backward_grid=false
+    run $s $x "$w" backend=unsloth batch=64 ;;
+esac
+echo "exit after $((SECONDS - t0)) s"
+(cd $OUT && tar czf $2.tgz $2 && rm -rf $2)

@@ -1,0 +1,171 @@
+"""The fifth round's pieces of backend=fast: the MLP through lorabench.fused (backend.fused_mlp), the
+Trainer's per-step host work cut (backend.lean_step), nf4 dequantised in Triton (backend.triton_dequant)
+and Liger's RMSNorm backward on a full grid (backend.norm_backward_grid). Each must compute what the
+path it replaces computes."""
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from torch import nn
+
+from conftest import FAST, compose_cfg, read_steps, requires_cuda, run_in_process
+from lorabench import checks, fused
+from lorabench.meter import lean_step
+from test_backends import assert_grads_close, lora_grads
+from test_fused import same_masks  # noqa: F401  (a fixture)
+
+
+@pytest.mark.parametrize("targets,dropout", [("[q_proj,k_proj,v_proj,o_proj]", 0.0),
+                                             ("[all-linear]", 0.1)])
+def test_fused_mlp_matches_the_mlp_on_cpu(same_masks, monkeypatch, targets, dropout):  # noqa: F811
+    """fp32 on CPU, half the layers checkpointed: loss to 1e-6 and every LoRA gradient to 1e-5 of its
+    norm, the MLP without adapters (the seed's q/k/v/o) and with them (all-linear, dropout 0.1); the
+    MLP's calls go through the Function (2 layers x 2 groups)."""
+    cpu = torch.device("cpu")
+    opt = [f"lora.target_modules={targets}", f"lora.dropout={dropout}", "backend.fused_lora=true",
+           "train.gradient_checkpointing=true", "train.checkpoint_fraction=0.5"]
+    loss_ref, g_ref, _ = lora_grads(opt, cpu)
+    calls = []
+    mlp_forward = fused._mlp_forward
+    monkeypatch.setattr(fused, "_mlp_forward", lambda self, x: calls.append(1) or mlp_forward(self, x))
+    loss, g, _ = lora_grads([*opt, "backend.fused_mlp=true"], cpu)
+    assert loss == pytest.approx(loss_ref, rel=1e-6)
+    assert_grads_close(g, g_ref, 1e-5)
+    assert len(calls) == 3  # 2 layers' forwards and the checkpointed layer's recompute
+    if targets == "[all-linear]":
+        assert any("mlp.down_proj.lora_A" in n for n in g)  # the MLP's adapters were compared too
+
+
+def _saved_bytes(model, x) -> int:
+    """Bytes autograd keeps for the backward of model(x), each storage counted once."""
+    seen = {}
+
+    def pack(t):
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(x).sum().backward()
+    return sum(seen.values())
+
+
+def test_fused_mlp_keeps_no_more_than_the_mlp():
+    """Without adapters the Function keeps nothing of its input (bitsandbytes' matmul keeps only
+    the weight): the patched MLP keeps at most what the plain one keeps, and computes the same."""
+    from transformers import MistralConfig
+    from transformers.models.mistral.modeling_mistral import MistralMLP
+
+    torch.manual_seed(0)
+    cfg = MistralConfig(hidden_size=64, intermediate_size=192)
+    plain = MistralMLP(cfg).requires_grad_(False)
+    patched = MistralMLP(cfg).requires_grad_(False)
+    patched.load_state_dict(plain.state_dict())
+    layer = nn.Module()
+    layer.mlp = patched
+    fused.patch_mlp([layer], seeded_dropout=False)
+    x = torch.randn(4, 16, 64, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_(True)
+    assert _saved_bytes(patched, x2) <= _saved_bytes(plain, x)
+    torch.testing.assert_close(patched(x2), plain(x), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(x2.grad, x.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_fused_mlp_is_refused_with_int8_and_unsloth_by_name():
+    c = OmegaConf.to_object(compose_cfg(["backend.fused_mlp=true", "precision=int8"]))
+    with pytest.raises(ValueError, match="backend.fused_mlp=true .* not precision=int8"):
+        checks.check_values(c)
+    c = OmegaConf.to_object(compose_cfg(["backend=unsloth", "backend.fused_mlp=true"]))
+    with pytest.raises(ValueError, match="fused_mlp=True"):
+        checks.check_values(c)
+
+
+def test_lean_step_clears_only_trainable_grads_and_walks_modules_on_a_mode_change(monkeypatch):
+    model = nn.Sequential(nn.Linear(4, 4), nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5)))
+    model[0].requires_grad_(False)
+    walks = []
+    inner_train = nn.Module.train
+    monkeypatch.setattr(nn.Dropout, "train", lambda self, mode=True: walks.append(mode) or inner_train(self, mode))
+    lean_step(model)
+    model(torch.randn(2, 4)).sum().backward()
+    assert model[1][0].weight.grad is not None
+    model.zero_grad()
+    assert all(p.grad is None for p in model.parameters())
+    model.train(), model.train(), model.train()
+    assert walks == [True]  # one walk for three calls in the same mode
+    model.eval()
+    assert walks == [True, False] and not model[1][1].training
+    model.train()
+    assert walks == [True, False, True] and all(m.training for m in model.modules())
+
+
+def test_a_cell_with_lean_step_and_fused_mlp_trains_as_without_them(tmp_path):
+    """The tiny cell (fp32, CPU): every step's loss equals the cell's without the two options."""
+    losses = {}
+    for on in (False, True):
+        r = run_in_process([*FAST, "train.max_steps=8", "backend.fused_lora=true", f"backend.lean_step={on}",
+                            f"backend.fused_mlp={on}"], tmp_path / str(on))
+        assert r.status.value == "ok", r.error
+        losses[on] = [s["loss"] for s in read_steps(tmp_path / str(on))]
+    assert losses[True] == pytest.approx(losses[False], rel=1e-6) and len(set(losses[True])) > 1
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("nested", [False, True])
+def test_triton_dequant_is_bitsandbytes_bit_for_bit_on_gpu(nested):
+    """Mistral's shapes (and an odd one), with and without double quantisation: the same bf16 bits."""
+    import bitsandbytes.functional as bnbf
+
+    from lorabench import nf4_kernels
+
+    torch.manual_seed(0)
+    for shape in [(4096, 4096), (1024, 4096), (14336, 4096), (4096, 14336), (96, 200)]:
+        w = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+        q, state = bnbf.quantize_4bit(w, blocksize=64, quant_type="nf4", compress_statistics=nested)
+        assert nf4_kernels.runs(q, state)
+        assert torch.equal(nf4_kernels.dequantize(q, state), bnbf.dequantize_4bit(q, state)), shape
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_norm_backward_grid_gives_liger_s_bits_on_gpu():
+    """Liger's RMSNorm with a frozen weight, [3 x 2000 x 4096] bf16: the same dX bits on the full
+    grid as on Liger's own launch, and Liger's launch where the weight trains."""
+    from liger_kernel.transformers.rms_norm import LigerRMSNorm
+
+    from lorabench import norm_kernels
+
+    torch.manual_seed(0)
+    norm = LigerRMSNorm(4096).cuda().to(torch.bfloat16)
+    nn.init.normal_(norm.weight, 1.0, 0.1)
+    x = torch.randn(3, 2000, 4096, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn_like(x)
+
+    def dx(frozen: bool, grid: bool):
+        norm.weight.requires_grad_(not frozen)
+        xi = x.clone().requires_grad_(True)
+        with norm_kernels.frozen_weight_grid(grid):
+            norm(xi).backward(dy.clone())
+        return xi.grad
+
+    assert torch.equal(dx(True, True), dx(True, False))
+    assert torch.equal(dx(False, True), dx(False, False))
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_fast_with_the_mlp_fused_and_triton_dequant_matches_without_on_gpu(monkeypatch):
+    """backend=fast (Liger's SwiGLU, nf4) with fused_mlp and triton_dequant against without: loss to
+    1% and LoRA gradients to 3% of their norms (bf16 summation order), Liger's SwiGLU kept."""
+    from liger_kernel.transformers import swiglu
+
+    cuda = torch.device("cuda", 0)
+    opt = ["backend=fast", "precision=nf4", "optimizer=adamw_torch", "lora.dropout=0"]
+    loss_ref, g_ref, _ = lora_grads([*opt, "backend.fused_mlp=false", "backend.triton_dequant=false"], cuda)
+    acts = []
+    activation = fused._activation
+    monkeypatch.setattr(fused, "_activation", lambda mlp: acts.append(activation(mlp)) or acts[-1])
+    loss, g, _ = lora_grads(opt, cuda)
+    assert acts and all(a is swiglu._swiglu_dispatch for a in acts)
+    assert loss == pytest.approx(loss_ref, rel=1e-2)
+    assert_grads_close(g, g_ref, 3e-2)
