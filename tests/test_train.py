@@ -283,3 +283,16 @@ def test_sizing_skips_cells_larger_than_one_that_ran_out_of_memory(tmp_path):
     md = write_report(tmp_path).markdown
     assert "| 64 | none | - | - | 2 |" in md and "| 32 | 4 |" in md
     assert (tmp_path / "plots" / "fit.png").stat().st_size > 0
+
+
+def test_a_cell_name_past_the_file_name_limit_links_under_a_cut_name(tmp_path):
+    """A cell of many overrides (the fifth round's `before` cell: 276 bytes) failed with 'File name too
+    long' before training; its link now takes a cut name that keeps two such names apart."""
+    from lorabench.cell import link_name
+
+    long = ",".join(f"backend.option_{i}=False" for i in range(12))
+    other = long.replace("option_11=False", "option_11=True")
+    assert len(long.encode()) > 255 and link_name(long) != link_name(other)
+    assert all(len(link_name(n).encode()) <= 255 for n in (long, other))
+    (tmp_path / link_name(long)).symlink_to(tmp_path)  # a name the file system takes
+    assert link_name("backend=fast,batch=16") == "backend=fast,batch=16"

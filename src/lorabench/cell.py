@@ -8,6 +8,7 @@ cost, and the environment. The entrypoint turns the status into the process's ex
 from __future__ import annotations
 
 import gc
+import hashlib
 import logging
 import resource
 import sys
@@ -55,13 +56,23 @@ def name_link(ctx: RunContext) -> None:
     requeue, and what tools and Kubernetes Jobs address)."""
     if not ctx.multirun:
         return
-    link = ctx.sweep_dir / "by_name" / ctx.name.replace("/", "_")
+    link = ctx.sweep_dir / "by_name" / link_name(ctx.name)
     link.parent.mkdir(exist_ok=True)
-    if not link.is_symlink():
-        try:
+    try:
+        if not link.is_symlink():
             link.symlink_to(Path("..") / ctx.run_dir.relative_to(ctx.sweep_dir))
-        except (OSError, ValueError):
-            pass  # a file system without links, or a run dir outside the sweep dir: the numbers remain
+    except (OSError, ValueError):
+        pass  # a file system without links, or a run dir outside the sweep dir: the numbers remain
+
+
+def link_name(name: str, limit: int = 255) -> str:
+    """A cell's name as one file name: '/' replaced, and past `limit` bytes (most file systems' limit;
+    a cell with many overrides reaches it) cut, with a hash of the whole name so two stay apart."""
+    name = name.replace("/", "_")
+    if len(name.encode()) <= limit:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:12]
+    return name.encode()[:limit - 14].decode(errors="ignore") + "~" + digest
 
 
 def announce(ctx: RunContext) -> None:
