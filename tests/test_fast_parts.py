@@ -1,6 +1,7 @@
 """The fifth round's pieces of backend=fast: the MLP through lorabench.fused (backend.fused_mlp), the
-Trainer's per-step host work cut (backend.lean_step), nf4 dequantised in Triton (backend.triton_dequant)
-and Liger's RMSNorm backward on a full grid (backend.norm_backward_grid). Each must compute what the
+Trainer's per-step host work cut (backend.lean_step), nf4 dequantised in Triton (backend.triton_dequant),
+Liger's RMSNorm backward on a full grid (backend.norm_backward_grid) and the attention's residual add
+inside the next RMSNorm (backend.fused_add_norm). Each must compute what the
 path it replaces computes."""
 
 import pytest
@@ -9,7 +10,7 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from conftest import FAST, compose_cfg, read_steps, requires_cuda, run_in_process
-from lorabench import checks, fused
+from lorabench import checks, fused, norm_kernels
 from lorabench.meter import lean_step
 from test_backends import assert_grads_close, lora_grads
 from test_fused import same_masks  # noqa: F401  (a fixture)
@@ -34,6 +35,21 @@ def test_fused_mlp_matches_the_mlp_on_cpu(same_masks, monkeypatch, targets, drop
     assert len(calls) == 3  # 2 layers' forwards and the checkpointed layer's recompute
     if targets == "[all-linear]":
         assert any("mlp.down_proj.lora_A" in n for n in g)  # the MLP's adapters were compared too
+
+
+def test_fused_add_norm_layer_computes_the_layer_on_cpu(monkeypatch):
+    """The patched decoder layer (on CPU the add and the norm stay apart, as transformers has them):
+    the same loss and gradients, half the layers checkpointed, every layer through it."""
+    cpu = torch.device("cpu")
+    opt = ["train.gradient_checkpointing=true", "train.checkpoint_fraction=0.5", "backend.fused_lora=true"]
+    loss_ref, g_ref, _ = lora_grads(opt, cpu)
+    calls = []
+    add_norm = norm_kernels.add_rms_norm
+    monkeypatch.setattr(norm_kernels, "add_rms_norm", lambda *a: calls.append(1) or add_norm(*a))
+    loss, g, _ = lora_grads([*opt, "backend.fused_add_norm=true"], cpu)
+    assert loss == pytest.approx(loss_ref, rel=1e-6)
+    assert_grads_close(g, g_ref, 1e-6)
+    assert len(calls) == 3  # 2 layers and the checkpointed one's recompute
 
 
 def _saved_bytes(model, x) -> int:
@@ -74,9 +90,10 @@ def test_fused_mlp_is_refused_with_int8_and_unsloth_by_name():
     c = OmegaConf.to_object(compose_cfg(["backend.fused_mlp=true", "precision=int8"]))
     with pytest.raises(ValueError, match="backend.fused_mlp=true .* not precision=int8"):
         checks.check_values(c)
-    c = OmegaConf.to_object(compose_cfg(["backend=unsloth", "backend.fused_mlp=true"]))
-    with pytest.raises(ValueError, match="fused_mlp=True"):
-        checks.check_values(c)
+    for knob in ("fused_mlp", "fused_add_norm"):
+        c = OmegaConf.to_object(compose_cfg(["backend=unsloth", f"backend.{knob}=true"]))
+        with pytest.raises(ValueError, match=f"{knob}=True"):
+            checks.check_values(c)
 
 
 def test_lean_step_clears_only_trainable_grads_and_walks_modules_on_a_mode_change(monkeypatch):
@@ -154,14 +171,48 @@ def test_norm_backward_grid_gives_liger_s_bits_on_gpu():
 
 @pytest.mark.gpu
 @requires_cuda
+def test_fused_add_norm_on_gpu_matches_the_add_and_the_norm():
+    """Liger's fused add + RMSNorm as add_rms_norm runs it, [3 x 2000 x 4096] bf16, frozen weight: the
+    norm's output and the sum bit for bit the unfused ones; the input gradients within bf16 rounding
+    (the fused backward adds the residual's gradient before rounding); the full grid gives Liger's bits."""
+    from liger_kernel.transformers.rms_norm import LigerRMSNorm
+
+    torch.manual_seed(0)
+    norm = LigerRMSNorm(4096).cuda().to(torch.bfloat16).requires_grad_(False)
+    nn.init.normal_(norm.weight, 1.0, 0.1)
+    x, r = (torch.randn(3, 2000, 4096, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    dy, ds = torch.randn_like(x), torch.randn_like(x)
+
+    def run(fused_add: bool, grid: bool):
+        xi, ri = x.clone().requires_grad_(True), r.clone().requires_grad_(True)
+        with norm_kernels.frozen_weight_grid(grid):
+            if fused_add:
+                y, s = norm_kernels.add_rms_norm(xi, ri, norm)
+            else:
+                s = ri + xi
+                y = norm(s)
+            torch.autograd.backward([y, s], [dy.clone(), ds.clone()])
+        return y.detach(), s.detach(), xi.grad, ri.grad
+
+    fused_grid, fused_liger, apart = run(True, True), run(True, False), run(False, True)
+    assert all(torch.equal(a, b) for a, b in zip(fused_grid, fused_liger))
+    assert torch.equal(fused_grid[0], apart[0]) and torch.equal(fused_grid[1], apart[1])
+    torch.testing.assert_close(fused_grid[2], apart[2], rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(fused_grid[3], fused_grid[2], rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@requires_cuda
 def test_fast_with_the_mlp_fused_and_triton_dequant_matches_without_on_gpu(monkeypatch):
-    """backend=fast (Liger's SwiGLU, nf4) with fused_mlp and triton_dequant against without: loss to
+    """backend=fast (Liger's SwiGLU and RMSNorm, nf4) with fused_mlp, triton_dequant and fused_add_norm
+    against without: loss to
     1% and LoRA gradients to 3% of their norms (bf16 summation order), Liger's SwiGLU kept."""
     from liger_kernel.transformers import swiglu
 
     cuda = torch.device("cuda", 0)
     opt = ["backend=fast", "precision=nf4", "optimizer=adamw_torch", "lora.dropout=0"]
-    loss_ref, g_ref, _ = lora_grads([*opt, "backend.fused_mlp=false", "backend.triton_dequant=false"], cuda)
+    loss_ref, g_ref, _ = lora_grads([*opt, "backend.fused_mlp=false", "backend.triton_dequant=false",
+                                     "backend.fused_add_norm=false"], cuda)
     acts = []
     activation = fused._activation
     monkeypatch.setattr(fused, "_activation", lambda mlp: acts.append(activation(mlp)) or acts[-1])

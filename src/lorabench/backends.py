@@ -156,7 +156,7 @@ def apply_checkpointing(model, train: TrainConfig, device: torch.device) -> tupl
 
 def apply_fused_lora(model, c: Config):
     """The attention's LoRA projections, and with fused_mlp the MLP's, through lorabench.fused (after
-    PEFT has wrapped them)."""
+    PEFT has wrapped them); with fused_add_norm the layer's forward from lorabench.norm_kernels."""
     from lorabench import fused
 
     b, layers = c.backend, decoder_layers(model)
@@ -164,6 +164,10 @@ def apply_fused_lora(model, c: Config):
         log.info("fused LoRA projections in %d decoder layers", fused.patch_attention(layers, b.seeded_dropout, b.triton_dequant))
     if b.fused_mlp:
         log.info("fused MLP projections in %d decoder layers", fused.patch_mlp(layers, b.seeded_dropout, b.triton_dequant))
+    if b.fused_add_norm:
+        from lorabench import norm_kernels
+
+        log.info("residual add inside the MLP's RMSNorm in %d decoder layers", norm_kernels.patch_add_norm(layers))
     return model
 
 

@@ -450,6 +450,9 @@ class BackendConfig:
     # With Liger's RMSNorm: its backward, where the norm's weight is frozen (QLoRA), launched with one
     # program per 4 rows instead of one per SM (lorabench.norm_kernels): the same arithmetic.
     norm_backward_grid: bool = False
+    # Each decoder layer's attention residual add inside its post-attention RMSNorm (Liger's fused add +
+    # RMSNorm on CUDA, lorabench.norm_kernels): 3 passes over the residual stream less per layer.
+    fused_add_norm: bool = False
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.liger) - set(LIGER_OPS))

@@ -5,7 +5,7 @@ in the timed window (profiling slows a step down). Each profiled step's wall tim
 synchronised step boundary to the next, is split into categories that add up to it:
 
   matmul      dense matrix products (base layers, LoRA adapters, lm_head)
-  dequant     4-bit / 8-bit (de)quantisation kernels of bitsandbytes
+  dequant     4-bit / 8-bit (de)quantisation kernels of bitsandbytes (and lorabench.nf4_kernels')
   attention   scaled-dot-product attention, forward and backward
   elementwise norms, activations, rotary embeddings, casts, adds: everything else on the device
   loss        log-softmax and NLL of the cross-entropy, forward and backward
@@ -49,7 +49,8 @@ RULES = (
     ("loss", ("log_softmax", "nll_loss", "cross_entropy", "logsoftmax", "nllloss")),
     # bitsandbytes' (de)quantisation ops and kernels; not its gemm_4bit op as a whole: when no fused
     # kernel fits, that op dequantises (dequant) and then calls a GEMM (matmul).
-    ("dequant", ("quantize", "dequant", "kquant", "_quant")),
+    # lorabench.nf4_kernels' Triton kernel (_nf4_kernel) too.
+    ("dequant", ("quantize", "dequant", "kquant", "_quant", "_nf4_")),
     ("matmul", ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
                 "gemm", "gemv", "nvjet", "cutlass", "xmma", "cublas", "scaled_mm", "linear_matmul")),
 )

@@ -12,12 +12,16 @@
 #   h200b   (nvidia-h200) fast b48 with the four options off (in h200a its name was too long for a
 #            file name: fixed in lorabench.cell.link_name), with all four profiled, all but triton_dequant,
 #            all but norm_backward_grid; Unsloth's b64 (its best H200 cell in the fourth round)
+#   h200c   (nvidia-h200) with backend.fused_add_norm (the fifth option, added after h200b): the GPU
+#            tests; fast b48 with all five off, with all five, all but fused_add_norm, all five profiled;
+#            Unsloth's b64
 set -u
 LIMIT_S=580; source "$(dirname "$0")/device_setup.sh" "$@"  # wheels, data, environment, run, sg
 s="-m +experiment=seed_optimum data=synthetic train.max_steps=20 gpu=auto train.checkpoint_fraction=0 data.num_workers=2 lora.dropout=0"
 w='hydra.sweep.subdir=${backend.name}_b${batch}_l${backend.lean_step}_m${backend.fused_mlp}_t${backend.triton_dequant}_n${backend.norm_backward_grid}'
 x="hydra.sweep.dir=$OUT/$2/auto"
-off="backend.lean_step=false backend.fused_mlp=false backend.triton_dequant=false backend.norm_backward_grid=false"
+w2="${w}_a\${backend.fused_add_norm}"
+off="backend.fused_add_norm=false backend.lean_step=false backend.fused_mlp=false backend.triton_dequant=false backend.norm_backward_grid=false"
 case $2 in
   h200a)
     python3 -m pytest -q -m gpu tests/test_fast_parts.py tests/test_fused.py > $OUT/gpu_tests.txt 2>&1; tail -3 $OUT/gpu_tests.txt
@@ -31,6 +35,13 @@ case $2 in
     run $s $x "$w" backend=fast batch=48 backend.triton_dequant=false
     run $s $x "$w" backend=fast batch=48 backend.norm_backward_grid=false
     run $s $x "$w" backend=unsloth batch=64 ;;
+  h200c)
+    python3 -m pytest -q -m gpu tests/test_fast_parts.py > $OUT/gpu_tests.txt 2>&1; tail -3 $OUT/gpu_tests.txt
+    run $s $x "$w2" backend=fast batch=48 $off
+    run $s $x "$w2" backend=fast batch=48
+    run $s $x "$w2" backend=fast batch=48 backend.fused_add_norm=false
+    run $s $x "$w2" backend=fast batch=48 train.profile_steps=2
+    run $s $x "$w2" backend=unsloth batch=64 ;;
 esac
 echo "exit after $((SECONDS - t0)) s"
 (cd $OUT && tar czf $2.tgz $2 && rm -rf $2)
