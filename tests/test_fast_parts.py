@@ -140,7 +140,11 @@ def test_triton_dequant_is_bitsandbytes_bit_for_bit_on_gpu(nested):
         w = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
         q, state = bnbf.quantize_4bit(w, blocksize=64, quant_type="nf4", compress_statistics=nested)
         assert nf4_kernels.runs(q, state)
-        assert torch.equal(nf4_kernels.dequantize(q, state), bnbf.dequantize_4bit(q, state)), shape
+        reference = bnbf.dequantize_4bit(q, state)
+        assert torch.equal(nf4_kernels.dequantize(q, state), reference), shape
+        for _ in range(2):  # the kept scales: computed, then reused
+            assert torch.equal(nf4_kernels.dequantize(q, state, keep_absmax=True), reference), shape
+        assert hasattr(state, "lorabench_absmax") == nested
 
 
 @pytest.mark.gpu

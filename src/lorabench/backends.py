@@ -161,9 +161,11 @@ def apply_fused_lora(model, c: Config):
 
     b, layers = c.backend, decoder_layers(model)
     if b.fused_lora:
-        log.info("fused LoRA projections in %d decoder layers", fused.patch_attention(layers, b.seeded_dropout, b.triton_dequant))
+        n = fused.patch_attention(layers, b.seeded_dropout, b.triton_dequant, b.absmax_cache)
+        log.info("fused LoRA projections in %d decoder layers", n)
     if b.fused_mlp:
-        log.info("fused MLP projections in %d decoder layers", fused.patch_mlp(layers, b.seeded_dropout, b.triton_dequant))
+        n = fused.patch_mlp(layers, b.seeded_dropout, b.triton_dequant, b.absmax_cache)
+        log.info("fused MLP projections in %d decoder layers", n)
     if b.fused_add_norm:
         from lorabench import norm_kernels
 

@@ -37,6 +37,7 @@ class Projection:
     base: nn.Module
     lora: nn.Module | None  # a peft LoraLayer (it holds lora_A, lora_B, scaling, lora_dropout)
     triton_dequant: bool = False  # nf4 on CUDA dequantised by lorabench.nf4_kernels
+    absmax_cache: bool = False  # ... with its fp32 block scales kept (nf4_kernels._absmax)
 
 
 def _adapter(lora: nn.Module) -> str:
@@ -91,7 +92,7 @@ def _weight(proj: Projection, dtype: torch.dtype) -> torch.Tensor:
         from lorabench import nf4_kernels
 
         if nf4_kernels.runs(w, state):
-            return nf4_kernels.dequantize(w.data, state).to(dtype)
+            return nf4_kernels.dequantize(w.data, state, proj.absmax_cache).to(dtype)
     import bitsandbytes.functional as bnbf
 
     return bnbf.dequantize_4bit(w.data, state).to(dtype)
@@ -227,15 +228,16 @@ def project(x: torch.Tensor, group: tuple[Projection, ...], training: bool,
         return _Projections.apply(x, group, tuple(ps), seeded, *adapters)
 
 
-def _split(module: nn.Module, triton_dequant: bool) -> Projection:
+def _split(module: nn.Module, triton_dequant: bool, absmax_cache: bool) -> Projection:
     from peft.tuners.lora import LoraLayer
 
     if not isinstance(module, LoraLayer):
-        proj = Projection(base=module, lora=None, triton_dequant=triton_dequant)
+        proj = Projection(base=module, lora=None, triton_dequant=triton_dequant, absmax_cache=absmax_cache)
     elif len(module.active_adapters) != 1 or module.use_dora[_adapter(module)] or module.merged:
         raise ValueError("backend.fused_lora: a projection with several, DoRA or merged adapters")
     else:
-        proj = Projection(base=module.get_base_layer(), lora=module, triton_dequant=triton_dequant)
+        proj = Projection(base=module.get_base_layer(), lora=module, triton_dequant=triton_dequant,
+                          absmax_cache=absmax_cache)
     check_base(proj.base)
     return proj
 
@@ -270,13 +272,15 @@ def _attention_forward(self, hidden_states, position_embeddings, attention_mask,
     return out, weights
 
 
-def patch_attention(layers, seeded_dropout: bool, triton_dequant: bool = False) -> int:
+def patch_attention(layers, seeded_dropout: bool, triton_dequant: bool = False,
+                    absmax_cache: bool = False) -> int:
     """Route each decoder layer's attention projections through `project`; returns how many layers."""
     for layer in layers:
         attn = layer.self_attn
         attn.lorabench_seeded = seeded_dropout
-        attn.lorabench_qkv = tuple(_split(m, triton_dequant) for m in (attn.q_proj, attn.k_proj, attn.v_proj))
-        attn.lorabench_o = (_split(attn.o_proj, triton_dequant),)
+        split = lambda m: _split(m, triton_dequant, absmax_cache)  # noqa: E731
+        attn.lorabench_qkv = tuple(split(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj))
+        attn.lorabench_o = (split(attn.o_proj),)
         attn.forward = types.MethodType(_attention_forward, attn)
     return len(layers)
 
@@ -298,7 +302,8 @@ def _activation(mlp: nn.Module):
     return lambda gate, up: mlp.act_fn(gate) * up
 
 
-def patch_mlp(layers, seeded_dropout: bool, triton_dequant: bool = False) -> int:
+def patch_mlp(layers, seeded_dropout: bool, triton_dequant: bool = False,
+              absmax_cache: bool = False) -> int:
     """Route each decoder layer's MLP projections through `project` (backend.fused_mlp): gate and up
     read one input, so dX = dG W_gate + dU W_up is summed by cuBLAS (beta=1) instead of by autograd,
     one [tokens x 4096] add less per layer; with triton_dequant their nf4 weights go through
@@ -307,7 +312,8 @@ def patch_mlp(layers, seeded_dropout: bool, triton_dequant: bool = False) -> int
     for layer in layers:
         mlp = layer.mlp
         mlp.lorabench_seeded, mlp.lorabench_act = seeded_dropout, _activation(mlp)
-        mlp.lorabench_gate_up = tuple(_split(m, triton_dequant) for m in (mlp.gate_proj, mlp.up_proj))
-        mlp.lorabench_down = (_split(mlp.down_proj, triton_dequant),)
+        split = lambda m: _split(m, triton_dequant, absmax_cache)  # noqa: E731
+        mlp.lorabench_gate_up = tuple(split(m) for m in (mlp.gate_proj, mlp.up_proj))
+        mlp.lorabench_down = (split(mlp.down_proj),)
         mlp.forward = types.MethodType(_mlp_forward, mlp)
     return len(layers)

@@ -14,13 +14,16 @@
 #            all but norm_backward_grid; Unsloth's b64 (its best H200 cell in the fourth round)
 #   h200c   (nvidia-h200) with backend.fused_add_norm (the fifth option, added after h200b): the GPU
 #            tests; fast b48 with all five off, with all five, all but fused_add_norm, all five profiled;
-#            Unsloth's b64
+#            Unsloth's b64 (the profiled cell took the all-five cell's dir name, so it was not run: h200d)
+#   h200d   (nvidia-h200) with backend.absmax_cache (added after h200c): fast b48 with all five, with all
+#            five and absmax_cache, the same profiled, and at b56
 set -u
 LIMIT_S=580; source "$(dirname "$0")/device_setup.sh" "$@"  # wheels, data, environment, run, sg
 s="-m +experiment=seed_optimum data=synthetic train.max_steps=20 gpu=auto train.checkpoint_fraction=0 data.num_workers=2 lora.dropout=0"
 w='hydra.sweep.subdir=${backend.name}_b${batch}_l${backend.lean_step}_m${backend.fused_mlp}_t${backend.triton_dequant}_n${backend.norm_backward_grid}'
 x="hydra.sweep.dir=$OUT/$2/auto"
 w2="${w}_a\${backend.fused_add_norm}"
+w3="${w2}_c\${backend.absmax_cache}_p\${train.profile_steps}"
 off="backend.fused_add_norm=false backend.lean_step=false backend.fused_mlp=false backend.triton_dequant=false backend.norm_backward_grid=false"
 case $2 in
   h200a)
@@ -42,6 +45,12 @@ case $2 in
     run $s $x "$w2" backend=fast batch=48 backend.fused_add_norm=false
     run $s $x "$w2" backend=fast batch=48 train.profile_steps=2
     run $s $x "$w2" backend=unsloth batch=64 ;;
+  h200d)
+    python3 -m pytest -q -m gpu tests/test_fast_parts.py -k dequant > $OUT/gpu_tests.txt 2>&1; tail -1 $OUT/gpu_tests.txt
+    run $s $x "$w3" backend=fast batch=48
+    run $s $x "$w3" backend=fast batch=48 backend.absmax_cache=true
+    run $s $x "$w3" backend=fast batch=48 backend.absmax_cache=true train.profile_steps=2
+    run $s $x "$w3" backend=fast batch=56 backend.absmax_cache=true ;;
 esac
 echo "exit after $((SECONDS - t0)) s"
 (cd $OUT && tar czf $2.tgz $2 && rm -rf $2)
