@@ -17,6 +17,10 @@
 #            Unsloth's b64 (the profiled cell took the all-five cell's dir name, so it was not run: h200d)
 #   h200d   (nvidia-h200) with backend.absmax_cache (added after h200c): fast b48 with all five, with all
 #            five and absmax_cache, the same profiled, and at b56
+#   h100    (nvidia-h100-x1) fast b40 with the five options off and on, b32 with them, profiled; Unsloth b32
+#   h100p   (nvidia-h100-x1, carry .gpudata) ShareGPT packed within 22 GiB: hf's seed cell (b8, every layer
+#            recomputed) and fast's best layout of the fourth round (b24, 0.375 recomputed, 0.25
+#            offloaded) with the five options off and on
 set -u
 LIMIT_S=580; source "$(dirname "$0")/device_setup.sh" "$@"  # wheels, data, environment, run, sg
 s="-m +experiment=seed_optimum data=synthetic train.max_steps=20 gpu=auto train.checkpoint_fraction=0 data.num_workers=2 lora.dropout=0"
@@ -51,6 +55,16 @@ case $2 in
     run $s $x "$w3" backend=fast batch=48 backend.absmax_cache=true
     run $s $x "$w3" backend=fast batch=48 backend.absmax_cache=true train.profile_steps=2
     run $s $x "$w3" backend=fast batch=56 backend.absmax_cache=true ;;
+  h100)
+    run $s $x "$w3" backend=fast batch=40 $off
+    run $s $x "$w3" backend=fast batch=40
+    run $s $x "$w3" backend=fast batch=32 train.profile_steps=2
+    run $s $x "$w3" backend=unsloth batch=32 ;;
+  h100p)
+    p="hydra.sweep.dir=$OUT/$2/sharegpt"
+    run $sg $p "$w3" backend=hf batch=8 train.checkpoint_fraction=1 data.packing=true
+    run $sg $p "$w3" backend=fast batch=24 train.checkpoint_fraction=0.375 train.offload_fraction=0.25 $off
+    run $sg $p "$w3" backend=fast batch=24 train.checkpoint_fraction=0.375 train.offload_fraction=0.25 ;;
 esac
 echo "exit after $((SECONDS - t0)) s"
 (cd $OUT && tar czf $2.tgz $2 && rm -rf $2)
