@@ -18,6 +18,9 @@
 #   h200d   (nvidia-h200) with backend.absmax_cache (added after h200c): fast b48 with all five, with all
 #            five and absmax_cache, the same profiled, and at b56
 #   h100    (nvidia-h100-x1) fast b40 with the five options off and on, b32 with them, profiled; Unsloth b32
+#   h100b   (nvidia-h100-x1) fast b40 with the five options, and with absmax_cache too; b32 with all six,
+#            profiled; Unsloth b32 (h100's profile showed the GPU waiting for the host's launches in the
+#            forward, 7.6 ms of them before bitsandbytes' absmax dequantisation)
 #   h100p   (nvidia-h100-x1, carry .gpudata) ShareGPT packed within 22 GiB: hf's seed cell (b8, every layer
 #            recomputed) and fast's best layout of the fourth round (b24, 0.375 recomputed, 0.25
 #            offloaded) with the five options off and on
@@ -59,6 +62,11 @@ case $2 in
     run $s $x "$w3" backend=fast batch=40 $off
     run $s $x "$w3" backend=fast batch=40
     run $s $x "$w3" backend=fast batch=32 train.profile_steps=2
+    run $s $x "$w3" backend=unsloth batch=32 ;;
+  h100b)
+    run $s $x "$w3" backend=fast batch=40
+    run $s $x "$w3" backend=fast batch=40 backend.absmax_cache=true
+    run $s $x "$w3" backend=fast batch=32 backend.absmax_cache=true train.profile_steps=2
     run $s $x "$w3" backend=unsloth batch=32 ;;
   h100p)
     p="hydra.sweep.dir=$OUT/$2/sharegpt"
