@@ -169,7 +169,8 @@ def apply_fused_lora(model, c: Config):
     if b.fused_add_norm:
         from lorabench import norm_kernels
 
-        log.info("residual add inside the MLP's RMSNorm in %d decoder layers", norm_kernels.patch_add_norm(layers))
+        n = norm_kernels.patch_add_norm(layers)
+        log.info("the attention's residual add inside the post-attention RMSNorm in %d decoder layers", n)
     return model
 
 

@@ -24,6 +24,7 @@ so saving, loading and merging adapters is unchanged.
 
 from __future__ import annotations
 
+import functools
 import types
 from dataclasses import dataclass
 
@@ -275,10 +276,10 @@ def _attention_forward(self, hidden_states, position_embeddings, attention_mask,
 def patch_attention(layers, seeded_dropout: bool, triton_dequant: bool = False,
                     absmax_cache: bool = False) -> int:
     """Route each decoder layer's attention projections through `project`; returns how many layers."""
+    split = functools.partial(_split, triton_dequant=triton_dequant, absmax_cache=absmax_cache)
     for layer in layers:
         attn = layer.self_attn
         attn.lorabench_seeded = seeded_dropout
-        split = lambda m: _split(m, triton_dequant, absmax_cache)  # noqa: E731
         attn.lorabench_qkv = tuple(split(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj))
         attn.lorabench_o = (split(attn.o_proj),)
         attn.forward = types.MethodType(_attention_forward, attn)
@@ -309,10 +310,10 @@ def patch_mlp(layers, seeded_dropout: bool, triton_dequant: bool = False,
     one [tokens x 4096] add less per layer; with triton_dequant their nf4 weights go through
     lorabench.nf4_kernels. Without adapters on them nothing is kept for the backward but what
     bitsandbytes' matmul keeps (the 4-bit weight)."""
+    split = functools.partial(_split, triton_dequant=triton_dequant, absmax_cache=absmax_cache)
     for layer in layers:
         mlp = layer.mlp
         mlp.lorabench_seeded, mlp.lorabench_act = seeded_dropout, _activation(mlp)
-        split = lambda m: _split(m, triton_dequant, absmax_cache)  # noqa: E731
         mlp.lorabench_gate_up = tuple(split(m) for m in (mlp.gate_proj, mlp.up_proj))
         mlp.lorabench_down = (split(mlp.down_proj),)
         mlp.forward = types.MethodType(_mlp_forward, mlp)
