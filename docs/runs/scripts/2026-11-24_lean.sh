@@ -21,6 +21,9 @@
 #   h100b   (nvidia-h100-x1) fast b40 with the five options, and with absmax_cache too; b32 with all six,
 #            profiled; Unsloth b32 (h100's profile showed the GPU waiting for the host's launches in the
 #            forward, 7.6 ms of them before bitsandbytes' absmax dequantisation)
+#   h100l   (nvidia-h100-x1, carry .gpudata) the GPU tests of every fast-path module; the loss-match
+#            experiment (hf and fast, with and without QLoRA's fp32 upcast, 55 steps on the same packed ShareGPT
+#            batches) with fast's five new options on
 #   h100p   (nvidia-h100-x1, carry .gpudata) ShareGPT packed within 22 GiB: hf's seed cell (b8, every layer
 #            recomputed) and fast's best layout of the fourth round (b24, 0.375 recomputed, 0.25
 #            offloaded) with the five options off and on
@@ -68,6 +71,14 @@ case $2 in
     run $s $x "$w3" backend=fast batch=40 backend.absmax_cache=true
     run $s $x "$w3" backend=fast batch=32 backend.absmax_cache=true train.profile_steps=2
     run $s $x "$w3" backend=unsloth batch=32 ;;
+  h100l)
+    python3 -m pytest -q -m gpu -k "not unsloth" tests/test_fast_parts.py tests/test_fused.py tests/test_backends.py \
+      tests/test_flat_optim.py tests/test_packed_attention.py tests/test_offload.py > $OUT/gpu_tests.txt 2>&1
+    tail -1 $OUT/gpu_tests.txt
+    mkdir -p $D; echo "python train.py +experiment=fast_loss_match data=jsonl data.path=/tmp/sharegpt_2000.jsonl data.max_samples=null" > $D/command.txt
+    timeout $((LIMIT_S - (SECONDS - t0))) python3 train.py +experiment=fast_loss_match data=jsonl \
+      data.path=/tmp/sharegpt_2000.jsonl data.max_samples=null hydra.sweep.dir=$D/loss_match 2>&1 \
+      | grep -E "cells:|Error|^\| [^c-]" ;;
   h100p)
     p="hydra.sweep.dir=$OUT/$2/sharegpt"
     run $sg $p "$w3" backend=hf batch=8 train.checkpoint_fraction=1 data.packing=true
