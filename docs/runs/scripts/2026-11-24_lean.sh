@@ -24,6 +24,9 @@
 #   h100l   (nvidia-h100-x1, carry .gpudata) the GPU tests of every fast-path module; the loss-match
 #            experiment (hf and fast, with and without QLoRA's fp32 upcast, 55 steps on the same packed ShareGPT
 #            batches) with fast's five new options on
+#   s1024, s2048  (nvidia-h100-x1, one lease) fixed-length rows within 22 GiB, LoRA dropout 0.05: hf's best
+#            cell that fits, fast's best layout of the second round with the five options, Unsloth's best
+#            cell (every layer recomputed, its own offloading), at seq 1024 and 2048
 #   h100p   (nvidia-h100-x1, carry .gpudata) ShareGPT packed within 22 GiB: hf's seed cell (b8, every layer
 #            recomputed) and fast's best layout of the fourth round (b24, 0.375 recomputed, 0.25
 #            offloaded) with the five options off and on
@@ -79,6 +82,12 @@ case $2 in
     timeout $((LIMIT_S - (SECONDS - t0))) python3 train.py +experiment=fast_loss_match data=jsonl \
       data.path=/tmp/sharegpt_2000.jsonl data.max_samples=null hydra.sweep.dir=$D/loss_match 2>&1 \
       | grep -E "cells:|Error|^\| [^c-]" ;;
+  s1024|s2048)
+    l="-m +experiment=seed_optimum data=synthetic train.max_steps=20 gpu=a10 seq_len=${2#s} hydra.sweep.dir=$OUT/$2/a10"
+    if [ $2 = s1024 ]; then b=(8 12 0.375 0.25 16); else b=(4 6 0.3125 0.3125 8); fi
+    run $l "$w3" backend=hf batch=${b[0]} train.checkpoint_fraction=1
+    run $l "$w3" backend=fast batch=${b[1]} train.checkpoint_fraction=${b[2]} train.offload_fraction=${b[3]}
+    run $l "$w3" backend=unsloth batch=${b[4]} train.checkpoint_fraction=1 ;;
   h100p)
     p="hydra.sweep.dir=$OUT/$2/sharegpt"
     run $sg $p "$w3" backend=hf batch=8 train.checkpoint_fraction=1 data.packing=true
