@@ -3,9 +3,10 @@
     python docs/runs/scripts/2026-11-24_lean_tables.py
 
 One table per device call (one lease, one GPU): every cell at seq 512, nothing recomputed on the whole GPU,
-LoRA dropout 0, 2 DataLoader workers, fixed-length rows (h100p: ShareGPT packed for both, 22 GiB). "at p50"
-= mean non-pad tokens per timed step / the median step time. "x before" is over fast with the five new
-options off in the same lease, "x Unsloth" over Unsloth's cell of the same lease.
+LoRA dropout 0, 2 DataLoader workers, fixed-length rows (h100p: ShareGPT packed for both, 22 GiB, dropout
+0.05; s1024, s2048: 22 GiB, dropout 0.05). "at p50" = mean non-pad tokens per timed step / the median step
+time. "x before" is over fast with the five new options off in the same lease, "x hf" and "x Unsloth" over
+the hf and Unsloth cells of the same table.
 """
 
 from pathlib import Path
@@ -23,6 +24,8 @@ LEASES = [  # (title, sweep dir, the commit its cells ran)
     ("H100, the five options, Unsloth", "h100/auto", "ce15cee"),
     ("H100, absmax_cache, Unsloth", "h100b/auto", "4167e64"),
     ("H100, ShareGPT packed for both, 22 GiB (A10's budget)", "h100p/sharegpt", "ce15cee"),
+    ("H100, seq 1024, fixed-length rows, 22 GiB, LoRA dropout 0.05", "s1024/a10", "2775f75"),
+    ("H100, seq 2048, fixed-length rows, 22 GiB, LoRA dropout 0.05 (the lease of s1024)", "s2048/a10", "2775f75"),
 ]
 
 
@@ -57,18 +60,19 @@ def table(title: str, sweep: str, commit: str) -> str:
     before = next((r for r in rows if r["options"] == "none" and r["backend"] == "fast"), None)
     hf = next((r for r in rows if r["backend"] == "hf"), None)
     unsloth = next((r for r in rows if r["backend"] == "unsloth"), None)
-    ref, ref_name = (hf, "hf") if hf else (unsloth, "Unsloth")
     out = [f"**{title}** (runs/{RUNS.name}/{sweep}, at {commit}; {gpu})", "",
-           f"| backend | batch, recomputed / offloaded | new options | tok/s non-pad | at p50 | MFU % | SM MHz "
-           f"| peak resv GiB | $/1M tok | x before (p50) | x {ref_name} (p50) |", "|---" * 11 + "|"]
-    for r in rows:
-        x_before = f"{r['tok'] / before['tok']:.3f} ({r['p50'] / before['p50']:.3f})" if before and r is not before \
+           "| backend | batch, recomputed / offloaded | new options | tok/s non-pad | at p50 | MFU % | SM MHz "
+           "| peak resv GiB | $/1M tok | x before (p50) | x hf (p50) | x Unsloth (p50) |", "|---" * 12 + "|"]
+
+    def x(r, ref, digits=2):
+        return f"{r['tok'] / ref['tok']:.{digits}f} ({r['p50'] / ref['p50']:.{digits}f})" if ref and r is not ref \
             and r["backend"] == "fast" else "-"
-        x_ref = f"{r['tok'] / ref['tok']:.2f} ({r['p50'] / ref['p50']:.2f})" if ref and r is not ref else "-"
+
+    for r in rows:
         usd = "-" if r["usd"] is None else f"${r['usd']:.3f}"
         out.append(f"| {r['backend']} | {r['layout']}{', profiled' if r['profiled'] else ''} | {r['options']} | "
                    f"{r['tok']:,.0f} | {r['p50']:,.0f} | {r['mfu']:.1f} | {r['mhz']:,.0f} | {r['gib']:.2f} | {usd} | "
-                   f"{x_before} | {x_ref} |")
+                   f"{x(r, before, 3)} | {x(r, hf)} | {x(r, unsloth)} |")
     return "\n".join(out)
 
 
