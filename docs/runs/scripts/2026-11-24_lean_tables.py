@@ -151,5 +151,5 @@ if __name__ == "__main__":
     print(profile_lines() + "\n")
     for sweep in ("h200d/auto", "h100b/auto"):
         print(mfu_line(sweep))
-    print("\n" + open(RUNS / "gemm_shapes.txt").read().split("\n", 3)[3].strip().split("\n---tunable")[0]
-          .splitlines()[-1].join(["- The step's base GEMMs of one layer at b48 x 512 rows, alone (gemm_shapes.txt): ", ""]))
+    gemm = (RUNS / "gemm_shapes.txt").read_text().split("\n---tunable")[0].splitlines()[-1]
+    print(f"\n- The step's base GEMMs of one layer at b48 x 512 rows, alone (gemm_shapes.txt): {gemm}")
