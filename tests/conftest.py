@@ -149,3 +149,18 @@ def read_steps(run_dir: Path) -> list[dict]:
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
+
+
+def spy(monkeypatch, owner, name: str) -> list:
+    """Let `owner.name` run as before, recording each call in the list given back: what it returned, or
+    None while it runs or when it never returns (a layer's recompute that checkpointing stops early)."""
+    returned, real = [], getattr(owner, name)
+
+    def recorded(*args, **kwargs):
+        i = len(returned)
+        returned.append(None)
+        returned[i] = real(*args, **kwargs)
+        return returned[i]
+
+    monkeypatch.setattr(owner, name, recorded)
+    return returned

@@ -9,7 +9,7 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
-from conftest import FAST, compose_cfg, read_steps, requires_cuda, run_in_process
+from conftest import FAST, compose_cfg, read_steps, requires_cuda, run_in_process, spy
 from lorabench import checks, fused, norm_kernels
 from lorabench.meter import lean_step
 from test_backends import assert_grads_close, lora_grads
@@ -26,9 +26,7 @@ def test_fused_mlp_matches_the_mlp_on_cpu(same_masks, monkeypatch, targets, drop
     opt = [f"lora.target_modules={targets}", f"lora.dropout={dropout}", "backend.fused_lora=true",
            "train.gradient_checkpointing=true", "train.checkpoint_fraction=0.5"]
     loss_ref, g_ref, _ = lora_grads(opt, cpu)
-    calls = []
-    mlp_forward = fused._mlp_forward
-    monkeypatch.setattr(fused, "_mlp_forward", lambda self, x: calls.append(1) or mlp_forward(self, x))
+    calls = spy(monkeypatch, fused, "_mlp_forward")
     loss, g, _ = lora_grads([*opt, "backend.fused_mlp=true"], cpu)
     assert loss == pytest.approx(loss_ref, rel=1e-6)
     assert_grads_close(g, g_ref, 1e-5)
@@ -43,9 +41,7 @@ def test_fused_add_norm_layer_computes_the_layer_on_cpu(monkeypatch):
     cpu = torch.device("cpu")
     opt = ["train.gradient_checkpointing=true", "train.checkpoint_fraction=0.5", "backend.fused_lora=true"]
     loss_ref, g_ref, _ = lora_grads(opt, cpu)
-    calls = []
-    add_norm = norm_kernels.add_rms_norm
-    monkeypatch.setattr(norm_kernels, "add_rms_norm", lambda *a: calls.append(1) or add_norm(*a))
+    calls = spy(monkeypatch, norm_kernels, "add_rms_norm")
     loss, g, _ = lora_grads([*opt, "backend.fused_add_norm=true"], cpu)
     assert loss == pytest.approx(loss_ref, rel=1e-6)
     assert_grads_close(g, g_ref, 1e-6)
@@ -217,9 +213,7 @@ def test_fast_with_the_mlp_fused_and_triton_dequant_matches_without_on_gpu(monke
     opt = ["backend=fast", "precision=nf4", "optimizer=adamw_torch", "lora.dropout=0"]
     loss_ref, g_ref, _ = lora_grads([*opt, "backend.fused_mlp=false", "backend.triton_dequant=false",
                                      "backend.fused_add_norm=false"], cuda)
-    acts = []
-    activation = fused._activation
-    monkeypatch.setattr(fused, "_activation", lambda mlp: acts.append(activation(mlp)) or acts[-1])
+    acts = spy(monkeypatch, fused, "_activation")
     loss, g, _ = lora_grads(opt, cuda)
     assert acts and all(a is swiglu._swiglu_dispatch for a in acts)
     assert loss == pytest.approx(loss_ref, rel=1e-2)

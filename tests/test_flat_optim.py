@@ -5,7 +5,7 @@ import bitsandbytes as bnb
 import pytest
 import torch
 
-from conftest import FAST, compose_cfg, read_steps, requires_cuda, run_in_process
+from conftest import FAST, compose_cfg, read_steps, requires_cuda, run_in_process, spy
 from lorabench import checks, flat_optim
 from omegaconf import OmegaConf
 
@@ -62,9 +62,7 @@ def test_optimizers_that_are_not_elementwise_are_refused_by_name():
 def test_a_cell_with_the_flat_optimizer_trains_as_without_it(tmp_path, monkeypatch):
     """The tiny model's adapters (2 layers x 4 projections x A, B; adamw_torch) in one tensor: the
     losses of every step equal those of the cell without it, so its gradients reached the update."""
-    joined = []
-    flatten = flat_optim.flatten
-    monkeypatch.setattr(flat_optim, "flatten", lambda opt: joined.append(flatten(opt)) or joined[-1])
+    joined = spy(monkeypatch, flat_optim, "flatten")
     losses = {}
     for flat in (False, True):
         r = run_in_process([*FAST, "train.max_steps=8", f"backend.flat_optimizer={flat}"], tmp_path / str(flat))

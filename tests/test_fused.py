@@ -11,7 +11,7 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
-from conftest import compose_cfg, requires_cuda
+from conftest import compose_cfg, requires_cuda, spy
 from lorabench import checks, fused
 from test_backends import assert_grads_close, lora_grads
 
@@ -49,9 +49,7 @@ def test_fused_lora_matches_peft_on_cpu(same_masks, monkeypatch, dropout):
     cpu = torch.device("cpu")
     opt = [f"lora.dropout={dropout}", "train.gradient_checkpointing=true", "train.checkpoint_fraction=0.5"]
     loss_peft, g_peft, _ = lora_grads(opt, cpu)
-    merged = []
-    merged_grads = fused._merged_adapter_grads
-    monkeypatch.setattr(fused, "_merged_adapter_grads", lambda *a: merged.append(1) or merged_grads(*a))
+    merged = spy(monkeypatch, fused, "_merged_adapter_grads")
     loss_fused, g_fused, _ = lora_grads([*opt, "backend.fused_lora=true"], cpu)
     assert loss_fused == pytest.approx(loss_peft, rel=1e-6)
     assert_grads_close(g_fused, g_peft, 1e-5)

@@ -5,7 +5,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from conftest import compose_cfg, requires_cuda
+from conftest import compose_cfg, requires_cuda, spy
 from lorabench import backends, checks, offload
 from lorabench.loop import build_trainable_model
 from test_backends import lora_grads
@@ -42,10 +42,8 @@ def test_offload_fraction_takes_only_unrecomputed_layers():
 @pytest.fixture
 def offloaders(monkeypatch):
     """Every Offloader a model build makes (None where it offloads nothing); no size floor: tiny model."""
-    made, real = [], offload.apply
     monkeypatch.setattr(offload, "MIN_BYTES", 0)
-    monkeypatch.setattr(offload, "apply", lambda *a: made.append(real(*a)) or made[-1])
-    return made
+    return spy(monkeypatch, offload, "apply")
 
 
 def _grads_with_and_without_offload(device, overrides=()):
