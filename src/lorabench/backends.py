@@ -160,11 +160,12 @@ def apply_fused_lora(model, c: Config):
     from lorabench import fused
 
     b, layers = c.backend, decoder_layers(model)
+    kernels = dict(triton_dequant=b.triton_dequant, absmax_cache=b.absmax_cache, triton_grad=b.triton_input_grad)
     if b.fused_lora:
-        n = fused.patch_attention(layers, b.seeded_dropout, b.triton_dequant, b.absmax_cache)
+        n = fused.patch_attention(layers, b.seeded_dropout, **kernels)
         log.info("fused LoRA projections in %d decoder layers", n)
     if b.fused_mlp:
-        n = fused.patch_mlp(layers, b.seeded_dropout, b.triton_dequant, b.absmax_cache)
+        n = fused.patch_mlp(layers, b.seeded_dropout, b.swiglu_in_gemm, **kernels)
         log.info("fused MLP projections in %d decoder layers", n)
     if b.fused_add_norm:
         from lorabench import norm_kernels

@@ -457,6 +457,14 @@ class BackendConfig:
     # Each decoder layer's attention residual add inside its post-attention RMSNorm (Liger's fused add +
     # RMSNorm on CUDA, lorabench.norm_kernels): 3 passes over the residual stream less per layer.
     fused_add_norm: bool = False
+    # In lorabench.fused's backward on CUDA (with fused_lora / fused_mlp), each group's input gradient
+    # (sum_i dY_i W_i, and the adapters' G A) as one Triton GEMM (lorabench.grad_kernels): dX written
+    # once, never re-read.
+    triton_input_grad: bool = False
+    # With fused_mlp and Liger's SwiGLU (swiglu in liger), on CUDA, where down has no adapter: SwiGLU's
+    # backward in the epilogue of the down projection's input-gradient GEMM (lorabench.grad_kernels):
+    # dH never reaches memory.
+    swiglu_in_gemm: bool = False
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.liger) - set(LIGER_OPS))

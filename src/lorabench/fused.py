@@ -39,6 +39,7 @@ class Projection:
     lora: nn.Module | None  # a peft LoraLayer (it holds lora_A, lora_B, scaling, lora_dropout)
     triton_dequant: bool = False  # nf4 on CUDA dequantised by lorabench.nf4_kernels
     absmax_cache: bool = False  # ... with its fp32 block scales kept (nf4_kernels._absmax)
+    triton_grad: bool = False  # dX as one Triton GEMM (lorabench.grad_kernels) where it runs
 
 
 def _adapter(lora: nn.Module) -> str:
@@ -152,28 +153,40 @@ class _Projections(torch.autograd.Function):
         n_ad = 2 * sum(proj.lora is not None for proj in ctx.group)
         adapters = rest[:n_ad]
         dys = [dy.reshape(-1, dy.shape[-1]) for dy in dys]
-        dx = _base_input_grad(ctx.group, dys, dys[0].dtype) if ctx.needs_input_grad[0] else None
         if ctx.merged:
-            grads = _merged_adapter_grads(ctx.group, dys, x2, dx, adapters, rest[n_ad])
+            grads, terms, dropped = _merged_adapter_grads(ctx.group, dys, x2, adapters, rest[n_ad])
         else:
             xas, masks = rest[n_ad:n_ad + n_ad // 2], iter(rest[n_ad + n_ad // 2:])
             keys = [next(masks) if k == "mask" else k for k in ctx.keys]
-            grads = _adapter_grads(ctx.group, ctx.ps, dys, x2, dx, adapters, xas, keys)
+            grads, terms, dropped = _adapter_grads(ctx.group, ctx.ps, dys, x2, adapters, xas, keys)
+        dx = None
+        if ctx.needs_input_grad[0]:
+            dx = _input_grad(ctx.group, dys, terms)
+            for g, a, key, p in dropped:  # dX += mask/(1-p) * (G_i A_i): dropout's mask, not a GEMM's
+                _add_dropped(dx, g @ a, key, p)
         return (None if dx is None else dx.view(ctx.shape), None, None, None, *grads)
 
 
-def _base_input_grad(group, dys, dtype) -> torch.Tensor:
-    """dX = sum_i dY_i W_i, the sum accumulated by cuBLAS (beta=1)."""
+def _input_grad(group, dys, terms) -> torch.Tensor:
+    """dX = sum_i dY_i W_i + sum_j G_j A_j (`terms`: the adapters' (G, A) without dropout): one Triton
+    GEMM with triton_input_grad (lorabench.grad_kernels), else cuBLAS accumulating into dX (beta=1)."""
+    dtype = dys[0].dtype
+    pairs = [(dy, _weight(proj, dtype)) for proj, dy in zip(group, dys)] + list(terms)
+    if group[0].triton_grad and dys[0].is_cuda:
+        from lorabench import grad_kernels  # Triton: imported on CUDA only
+
+        if grad_kernels.runs(pairs):
+            return grad_kernels.input_grad(pairs)
     dx = None
-    for proj, dy in zip(group, dys):
-        w = _weight(proj, dtype)
-        dx = dy @ w if dx is None else dx.addmm_(dy, w)
+    for a, b in pairs:
+        dx = a @ b if dx is None else dx.addmm_(a, b)
     return dx
 
 
-def _adapter_grads(group, ps, dys, x2, dx, adapters, xas, keys) -> list[torch.Tensor]:
-    """dA_i, dB_i of each adapter on its own (and its part of dX added into `dx`)."""
-    grads, k = [], 0
+def _adapter_grads(group, ps, dys, x2, adapters, xas, keys):
+    """dA_i, dB_i of each adapter on its own; with them the (G_i, A_i) whose product dX gets, apart
+    (`dropped`, with its mask's key and p) where dropout sits between them."""
+    grads, terms, dropped, k = [], [], [], 0
     for proj, p, dy in zip(group, ps, dys):
         if proj.lora is None:
             continue
@@ -184,17 +197,16 @@ def _adapter_grads(group, ps, dys, x2, dx, adapters, xas, keys) -> list[torch.Te
         g = (dy @ b).mul_(s)  # [tokens x r]
         db = (dy.t() @ xa).mul_(s)
         da = g.t() @ (x2 if key is None else _replay(x2, key, p))
-        if dx is not None:
-            if key is None:
-                dx.addmm_(g, a)
-            else:
-                _add_dropped(dx, g @ a, key, p)
+        if key is None:
+            terms.append((g, a))
+        else:
+            dropped.append((g, a, key, p))
         grads += [da.to(a32.dtype), db.to(b32.dtype)]
-    return grads
+    return grads, terms, dropped
 
 
-def _merged_adapter_grads(group, dys, x2, dx, adapters, xa_all) -> list[torch.Tensor]:
-    """dA_i, dB_i of adapters that share their thin GEMMs (see _Projections)."""
+def _merged_adapter_grads(group, dys, x2, adapters, xa_all):
+    """dA_i, dB_i of adapters that share their thin GEMMs (see _Projections), and their dX term."""
     a_all = torch.cat(adapters[0::2]).to(x2.dtype)  # [sum of r x in]
     parts = xa_all.split([a.shape[0] for a in adapters[0::2]], dim=1)
     gs, dbs = [], []
@@ -204,10 +216,9 @@ def _merged_adapter_grads(group, dys, x2, dx, adapters, xa_all) -> list[torch.Te
         dbs.append((dy.t() @ xa).mul_(s))
     g_all = torch.cat(gs, dim=1)
     das = (g_all.t() @ x2).split([g.shape[1] for g in gs])
-    if dx is not None:
-        dx.addmm_(g_all, a_all)
-    return [t.to(p.dtype) for da, db, a32, b32 in zip(das, dbs, adapters[0::2], adapters[1::2])
-            for t, p in ((da, a32), (db, b32))]
+    grads = [t.to(p.dtype) for da, db, a32, b32 in zip(das, dbs, adapters[0::2], adapters[1::2])
+             for t, p in ((da, a32), (db, b32))]
+    return grads, [(g_all, a_all)], []
 
 
 def project(x: torch.Tensor, group: tuple[Projection, ...], training: bool,
@@ -229,16 +240,16 @@ def project(x: torch.Tensor, group: tuple[Projection, ...], training: bool,
         return _Projections.apply(x, group, tuple(ps), seeded, *adapters)
 
 
-def _split(module: nn.Module, triton_dequant: bool, absmax_cache: bool) -> Projection:
+def _split(module: nn.Module, **kernels: bool) -> Projection:
+    """The Projection of one linear layer; `kernels` are Projection's kernel switches."""
     from peft.tuners.lora import LoraLayer
 
     if not isinstance(module, LoraLayer):
-        proj = Projection(base=module, lora=None, triton_dequant=triton_dequant, absmax_cache=absmax_cache)
+        proj = Projection(base=module, lora=None, **kernels)
     elif len(module.active_adapters) != 1 or module.use_dora[_adapter(module)] or module.merged:
         raise ValueError("backend.fused_lora: a projection with several, DoRA or merged adapters")
     else:
-        proj = Projection(base=module.get_base_layer(), lora=module, triton_dequant=triton_dequant,
-                          absmax_cache=absmax_cache)
+        proj = Projection(base=module.get_base_layer(), lora=module, **kernels)
     check_base(proj.base)
     return proj
 
@@ -273,10 +284,10 @@ def _attention_forward(self, hidden_states, position_embeddings, attention_mask,
     return out, weights
 
 
-def patch_attention(layers, seeded_dropout: bool, triton_dequant: bool = False,
-                    absmax_cache: bool = False) -> int:
-    """Route each decoder layer's attention projections through `project`; returns how many layers."""
-    split = functools.partial(_split, triton_dequant=triton_dequant, absmax_cache=absmax_cache)
+def patch_attention(layers, seeded_dropout: bool, **kernels: bool) -> int:
+    """Route each decoder layer's attention projections through `project`; returns how many layers.
+    `kernels`: Projection's switches (triton_dequant, absmax_cache, triton_grad)."""
+    split = functools.partial(_split, **kernels)
     for layer in layers:
         attn = layer.self_attn
         attn.lorabench_seeded = seeded_dropout
@@ -287,10 +298,47 @@ def patch_attention(layers, seeded_dropout: bool, triton_dequant: bool = False,
 
 
 def _mlp_forward(self, x):
-    """MistralMLP.forward (or Liger's SwiGLU MLP's) with gate/up and down through `project`."""
+    """MistralMLP.forward (or Liger's SwiGLU MLP's) with gate/up and down through `project`; with
+    swiglu_in_gemm on CUDA, SwiGLU and down through _SwiGLUDown."""
     gate, up = project(x, self.lorabench_gate_up, self.training, self.lorabench_seeded)
+    if self.lorabench_swiglu_gemm and gate.is_cuda:
+        with torch.autocast(gate.device.type, enabled=False):
+            return _SwiGLUDown.apply(gate, up, self.lorabench_down[0])
     (out,) = project(self.lorabench_act(gate, up), self.lorabench_down, self.training, self.lorabench_seeded)
     return out
+
+
+class _SwiGLUDown(torch.autograd.Function):
+    """down(silu(G) U) for a down projection without an adapter (backend.swiglu_in_gemm).
+
+    Forward: Liger's SwiGLU kernel, then the GEMM; G and U are kept (as Liger's Function keeps them).
+    Backward: dH = dOut W_down and SwiGLU's backward in one Triton GEMM (lorabench.grad_kernels): its
+    epilogue writes dG and dU over G and U, so dH never reaches memory."""
+
+    @staticmethod
+    def forward(ctx, gate, up, proj):
+        from liger_kernel.ops.swiglu import swiglu_forward
+
+        _, _, h = swiglu_forward(gate, up)
+        ctx.save_for_backward(gate, up)
+        ctx.proj = proj
+        h2 = h.reshape(-1, h.shape[-1])
+        return (h2 @ _weight(proj, h.dtype).t()).view(*h.shape[:-1], -1)
+
+    @staticmethod
+    def backward(ctx, dout):
+        from liger_kernel.ops.swiglu import swiglu_backward
+
+        from lorabench import grad_kernels
+
+        gate, up = ctx.saved_tensors
+        g2, u2 = gate.view(-1, gate.shape[-1]), up.view(-1, up.shape[-1])
+        pair = (dout.reshape(-1, dout.shape[-1]), _weight(ctx.proj, dout.dtype))
+        if grad_kernels.runs([pair], (g2, u2)):
+            grad_kernels.input_grad([pair], swiglu=(g2, u2))
+        else:
+            swiglu_backward(g2, u2, pair[0] @ pair[1])
+        return gate, up, None
 
 
 def _activation(mlp: nn.Module):
@@ -303,18 +351,20 @@ def _activation(mlp: nn.Module):
     return lambda gate, up: mlp.act_fn(gate) * up
 
 
-def patch_mlp(layers, seeded_dropout: bool, triton_dequant: bool = False,
-              absmax_cache: bool = False) -> int:
+def patch_mlp(layers, seeded_dropout: bool, swiglu_in_gemm: bool = False, **kernels: bool) -> int:
     """Route each decoder layer's MLP projections through `project` (backend.fused_mlp): gate and up
     read one input, so dX = dG W_gate + dU W_up is summed by cuBLAS (beta=1) instead of by autograd,
     one [tokens x 4096] add less per layer; with triton_dequant their nf4 weights go through
     lorabench.nf4_kernels. Without adapters on them nothing is kept for the backward but what
-    bitsandbytes' matmul keeps (the 4-bit weight)."""
-    split = functools.partial(_split, triton_dequant=triton_dequant, absmax_cache=absmax_cache)
+    bitsandbytes' matmul keeps (the 4-bit weight). With swiglu_in_gemm, where the MLP runs Liger's
+    SwiGLU and down has no adapter, SwiGLU and down go through _SwiGLUDown."""
+    split = functools.partial(_split, **kernels)
     for layer in layers:
         mlp = layer.mlp
         mlp.lorabench_seeded, mlp.lorabench_act = seeded_dropout, _activation(mlp)
         mlp.lorabench_gate_up = tuple(split(m) for m in (mlp.gate_proj, mlp.up_proj))
         mlp.lorabench_down = (split(mlp.down_proj),)
+        mlp.lorabench_swiglu_gemm = (swiglu_in_gemm and mlp.lorabench_down[0].lora is None
+                                     and mlp._get_name() == "LigerSwiGLUMLP")
         mlp.forward = types.MethodType(_mlp_forward, mlp)
     return len(layers)
