@@ -160,9 +160,11 @@ def apply_fused_lora(model, c: Config):
     from lorabench import fused
 
     b, layers = c.backend, decoder_layers(model)
-    kernels = dict(triton_dequant=b.triton_dequant, absmax_cache=b.absmax_cache, triton_grad=b.triton_input_grad)
+    kernels = dict(triton_dequant=b.triton_dequant, absmax_cache=b.absmax_cache)
     if b.fused_lora:
-        n = fused.patch_attention(layers, b.seeded_dropout, **kernels)
+        # triton_input_grad: the attention's groups only; the MLP's input gradients (K = 2 x 14,336 for
+        # gate/up) ran slower in lorabench.grad_kernels than in cuBLAS (docs/performance.md, sixth round)
+        n = fused.patch_attention(layers, b.seeded_dropout, triton_grad=b.triton_input_grad, **kernels)
         log.info("fused LoRA projections in %d decoder layers", n)
     if b.fused_mlp:
         n = fused.patch_mlp(layers, b.seeded_dropout, b.swiglu_in_gemm, **kernels)

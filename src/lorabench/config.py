@@ -457,9 +457,9 @@ class BackendConfig:
     # Each decoder layer's attention residual add inside its post-attention RMSNorm (Liger's fused add +
     # RMSNorm on CUDA, lorabench.norm_kernels): 3 passes over the residual stream less per layer.
     fused_add_norm: bool = False
-    # In lorabench.fused's backward on CUDA (with fused_lora / fused_mlp), each group's input gradient
-    # (sum_i dY_i W_i, and the adapters' G A) as one Triton GEMM (lorabench.grad_kernels): dX written
-    # once, never re-read.
+    # In lorabench.fused's backward on CUDA (with fused_lora), the attention's input gradients (q, k, v's
+    # sum_i dY_i W_i and their adapters' G A; o's) as one Triton GEMM each (lorabench.grad_kernels): dX
+    # written once, never re-read. The MLP's stay cuBLAS's (faster there).
     triton_input_grad: bool = False
     # With fused_mlp and Liger's SwiGLU (swiglu in liger), on CUDA, where down has no adapter: SwiGLU's
     # backward in the epilogue of the down projection's input-gradient GEMM (lorabench.grad_kernels):

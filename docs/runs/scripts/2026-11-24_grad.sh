@@ -9,8 +9,10 @@
 #   h200e  (nvidia-h200) the GPU tests of the new parts and of lorabench.fused; one layer's input
 #          gradients alone (2026-11-24_grad_shapes.py); fast b48 with the two knobs off (the fifth
 #          round's fast), with both, with triton_input_grad alone
-#   h200f  (nvidia-h200, the lease of h200e) fast b48 with both again, and profiled; Unsloth's b64
-#   h100e  (nvidia-h100-x1) fast b40 with the two knobs off and on; Unsloth's b32; within 22 GiB at seq
+#   h200f  (nvidia-h200) after h200e, triton_input_grad on the attention's groups only and swiglu_in_gemm
+#          off in fast (h200e: both slower in the MLP): fast b48 with triton_input_grad off (the fifth
+#          round's fast), fast b48, the same profiled; Unsloth's b64
+#   h100e  (nvidia-h100-x1, fast as in h200f) fast b40 with triton_input_grad off and on; Unsloth's b32; within 22 GiB at seq
 #          1024 (the fifth round's s1024 layout, b12, 0.375 recomputed, 0.25 offloaded) with both on
 set -u
 LIMIT_S=580; source "$(dirname "$0")/device_setup.sh" "$@"  # wheels, data, environment, run, sg
@@ -27,6 +29,8 @@ case $2 in
     run $s $x "$w" backend=fast batch=48
     run $s $x "$w" backend=fast batch=48 backend.swiglu_in_gemm=false ;;
   h200f)
+    python3 -m pytest -q -m gpu tests/test_grad_kernels.py > $OUT/gpu_tests.txt 2>&1; tail -1 $OUT/gpu_tests.txt
+    run $s $x "$w" backend=fast batch=48 $off
     run $s $x "$w" backend=fast batch=48
     run $s $x "$w" backend=fast batch=48 train.profile_steps=2
     run $s $x "$w" backend=unsloth batch=64 ;;
