@@ -31,6 +31,7 @@ from lorabench.profile import CATEGORIES, classify
     (["Memcpy HtoD (Pageable -> Device)", "aten::copy_", "aten::_to_copy"], "data"),
     (["void at::native::vectorized_elementwise_kernel<4, silu>", "aten::silu"], "elementwise"),
     (["triton_red_fused__to_copy_mean_pow_rsqrt", "aten::rsqrt"], "elementwise"),
+    (["_sum_mm_kernel", "_ProjectionsBackward"], "matmul"),  # lorabench.grad_kernels' Triton GEMM
 ])
 def test_kernels_are_classified_by_what_launched_them(names, expected):
     assert classify(names) == expected

@@ -51,8 +51,9 @@ RULES = (
     # kernel fits, that op dequantises (dequant) and then calls a GEMM (matmul).
     # lorabench.nf4_kernels' Triton kernel (_nf4_kernel) too.
     ("dequant", ("quantize", "dequant", "kquant", "_quant", "_nf4_")),
+    # lorabench.grad_kernels' Triton GEMM (_sum_mm_kernel) too.
     ("matmul", ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
-                "gemm", "gemv", "nvjet", "cutlass", "xmma", "cublas", "scaled_mm", "linear_matmul")),
+                "gemm", "gemv", "nvjet", "cutlass", "xmma", "cublas", "scaled_mm", "linear_matmul", "_sum_mm")),
 )
 
 
