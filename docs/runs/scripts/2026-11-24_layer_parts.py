@@ -77,11 +77,16 @@ row("G_o = s dY_o B_o", lambda: (dy_o @ b_o).mul_(2.0), T * H * e, "lora bwd")
 row("dB_o = s dY_o^T XA_o", lambda: (dy_o.t() @ xa_o).mul_(2.0), T * H * e, "lora bwd")
 row("dA_o = G_o^T X_o", lambda: g_o.t() @ xo, T * H * e, "lora bwd")
 row("dX_o += G_o A_o (addmm_)", lambda: dx.addmm_(g_o, a_o), 2 * T * H * e, "lora bwd")
-# the same updates by lorabench.lora_kernels (Triton), for a few tile shapes
+# the same updates by a Triton kernel (lora_add_kernel.py beside this script; in src/lorabench/lora_kernels.py
+# when this ran, moved here as lorabench does not use it), for a few tile shapes
 try:
+    import sys
+    from pathlib import Path
+
     import triton
 
-    from lorabench import lora_kernels as lk
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import lora_add_kernel as lk
 
     def tri_add(y, xa, b, bm, bn, warps):
         m, n = y.shape
