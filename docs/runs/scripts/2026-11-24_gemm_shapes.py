@@ -6,6 +6,8 @@ import sys
 
 import torch
 
+import cuda_timing as timing  # beside this script
+
 M, H, KV, FF = 48 * 512, 4096, 1024, 14336
 dev, dt = "cuda", torch.bfloat16
 if "--tunable" in sys.argv:
@@ -13,16 +15,9 @@ if "--tunable" in sys.argv:
     torch.cuda.tunable.set_max_tuning_duration(100)
 
 
+
 def ms(fn, n=20):
-    for _ in range(3):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(n):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / n
+    return timing.ms(fn, n, warmup=3)
 
 
 def fwd(n_out, k_in):

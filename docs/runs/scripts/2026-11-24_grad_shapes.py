@@ -4,6 +4,8 @@ backward) and as lorabench.grad_kernels runs them (one Triton GEMM per group), w
 256-wide tiles. Prints ms per group and the layer's sum.
   python docs/runs/scripts/2026-11-24_grad_shapes.py"""
 import torch
+
+import cuda_timing as timing  # beside this script
 from liger_kernel.ops.swiglu import swiglu_backward
 
 from lorabench import grad_kernels
@@ -13,16 +15,9 @@ dev, dt = "cuda", torch.bfloat16
 torch.manual_seed(0)
 
 
+
 def ms(fn, n=10):
-    for _ in range(2):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(n):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / n
+    return timing.ms(fn, n, warmup=2)
 
 
 def rnd(*shape):

@@ -7,6 +7,8 @@ Prints ms, the bytes each piece must move and the bandwidth that makes, and the 
 import argparse
 
 import torch
+
+import cuda_timing as timing  # beside this script
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -20,16 +22,9 @@ dev, dt = "cuda", torch.bfloat16
 torch.manual_seed(0)
 
 
+
 def ms(fn, n=20):
-    for _ in range(3):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(n):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / n
+    return timing.ms(fn, n, warmup=3)
 
 
 def rnd(*shape, scale=1.0):

@@ -9,33 +9,21 @@ and a plain Triton GEMM of each shape beside cuBLAS's, to see the GEMM's own rat
 import itertools
 
 import torch
+
+import cuda_timing as timing  # beside this script
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
+
+from lorabench.grad_kernels import _tile  # the same tile order as lorabench's GEMM
 
 M, H, FF = 48 * 512, 4096, 14336
 dev, dt = "cuda", torch.bfloat16
 
 
+
 def ms(fn, n=10):
-    for _ in range(2):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(n):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / n
-
-
-@triton.jit
-def _tile(pid, M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP: tl.constexpr):
-    num_m, num_n = tl.cdiv(M, BM), tl.cdiv(N, BN)
-    in_group = GROUP * num_n
-    first_m = (pid // in_group) * GROUP
-    size_m = min(num_m - first_m, GROUP)
-    return first_m + (pid % in_group) % size_m, (pid % in_group) // size_m
+    return timing.ms(fn, n, warmup=2)
 
 
 @triton.jit
