@@ -25,6 +25,7 @@ so saving, loading and merging adapters is unchanged.
 from __future__ import annotations
 
 import functools
+import itertools
 import types
 from dataclasses import dataclass
 
@@ -171,14 +172,15 @@ def _input_grad(group, dys, terms) -> torch.Tensor:
     """dX = sum_i dY_i W_i + sum_j G_j A_j (`terms`: the adapters' (G, A) without dropout): one Triton
     GEMM with triton_input_grad (lorabench.grad_kernels), else cuBLAS accumulating into dX (beta=1)."""
     dtype = dys[0].dtype
-    pairs = [(dy, _weight(proj, dtype)) for proj, dy in zip(group, dys)] + list(terms)
+    pairs = itertools.chain(((dy, _weight(proj, dtype)) for proj, dy in zip(group, dys)), terms)
     if group[0].triton_grad and dys[0].is_cuda:
         from lorabench import grad_kernels  # Triton: imported on CUDA only
 
+        pairs = list(pairs)  # the kernel reads every dequantised weight at once
         if grad_kernels.runs(pairs):
             return grad_kernels.input_grad(pairs)
     dx = None
-    for a, b in pairs:
+    for a, b in pairs:  # cuBLAS: one dequantised weight alive at a time
         dx = a @ b if dx is None else dx.addmm_(a, b)
     return dx
 
