@@ -14,6 +14,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+from lorabench import analysis as an
 from lorabench.results import load_cells
 
 HERE = Path(__file__).resolve().parent
@@ -96,24 +97,15 @@ def profile() -> str:
 
 
 def loss_match() -> str:
-    cells = {(r.config["backend"]["name"], r.config["backend"]["upcast_fp32"]): r
-             for r in load_cells(RUNS / "tests/loss_match") if r.ok}
-
-    def losses(key):
-        d = Path(cells[key].dir) / "steps.jsonl"
-        return [json.loads(line)["loss"] for line in d.read_text().splitlines()]
-
-    ref = losses(("hf", True))
-    out = [f"Against hf with QLoRA's fp32 upcast ({len(ref)} steps, the same packed ShareGPT batches in the same "
-           f"order; runs/2026-11-24_final/tests/loss_match, H100):", ""]
-    for key, name in ((("hf", False), "hf, bf16 residual stream (the yardstick of bf16 rounding)"),
-                      (("fast", True), "fast, fp32 upcast"), (("fast", False), "fast, bf16 (fast's default)")):
-        d = [abs(a - b) for a, b in zip(losses(key), ref)]
-        out.append(f"- {name}: max |diff| {max(d):.4f}, mean {sum(d) / len(d):.4f}, last loss {losses(key)[-1]:.4f} "
-                   f"(hf {ref[-1]:.4f})")
+    """The report's loss-match table (lorabench.analysis): each cell's per-step loss against hf's with QLoRA's
+    fp32 upcast, the first hf cell, on the same packed ShareGPT batches in the same order."""
+    results = [r for r in load_cells(RUNS / "tests/loss_match") if r.ok]
+    axes = an.axes(results)
     tests = (RUNS / "gpu_tests.txt").read_text().strip().splitlines()[-1]
-    return "\n".join(out + [f"- GPU tests of every module in the same call (`pytest -m gpu -k 'not unsloth' tests`): "
-                            f"{tests.strip('= ')}"])
+    return (f"Loss-match (runs/2026-11-24_final/tests/loss_match, H100). "
+            + an.loss_match_table(axes, an.loss_curves(results, axes))
+            + f"\n\n- GPU tests of every module in the same call (`pytest -m gpu -k 'not unsloth' tests`): "
+            f"{tests.strip('= ')}")
 
 
 def mfu_by_lease() -> str:
