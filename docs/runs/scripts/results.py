@@ -1,0 +1,322 @@
+"""docs/results.md and README's "Results at a glance", generated from the run dirs committed in docs/runs:
+
+    python docs/runs/scripts/results.py            # print every section
+    python docs/runs/scripts/results.py s512       # print one section (the command under each table)
+    python docs/runs/scripts/results.py --write    # rewrite docs/results.md, its plots and README's block
+
+Every figure is read from a cell's metrics.json / steps.jsonl / profile.txt; the tables and plots come from
+lorabench.analysis and lorabench.plots (the sweep report's own functions) and from the closing-round script
+2026-11-24_final_tables.py. Ratios are only between cells of one table: the same GPU, the same run, the same rows.
+"""
+import importlib.util
+import json
+import re
+import sys
+from pathlib import Path
+
+from lorabench import analysis as an
+from lorabench import plots
+from lorabench.config import ReportConfig
+from lorabench.results import load_cells
+
+HERE = Path(__file__).resolve().parent
+RUNS = HERE.parent
+DOCS = RUNS.parent
+REPO = DOCS.parent
+IMG = DOCS / "img"  # the plots this script draws, one folder per section
+spec = importlib.util.spec_from_file_location("final_tables", HERE / "2026-11-24_final_tables.py")
+final = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(final)
+FINAL = "2026-11-24_final"
+
+
+def cmd(name: str) -> str:
+    return f"`python docs/runs/scripts/results.py {name}`"
+
+
+def out(name: str) -> Path:
+    """The folder of one section's plots (lorabench.plots writes into an existing folder)."""
+    (IMG / name).mkdir(parents=True, exist_ok=True)
+    return IMG / name
+
+
+def plot(name: str, path: Path | None, alt: str) -> str:
+    """A markdown image of a plot written under docs/img (paths relative to docs/results.md)."""
+    return f"![{alt}]({path.relative_to(DOCS).as_posix()})" if path else ""
+
+
+# --- the closing round: hf, fast and Unsloth on the same rows ---------------------------------------------------
+
+def ratio(fast: dict, r: dict) -> str:
+    """fast's fastest cell of the table over this cell: over the timed window (at the median step)."""
+    if r["backend"] == "fast":
+        return "-"
+    return f"{fast['tok'] / r['tok']:.2f}x ({fast['p50'] / r['p50']:.2f}x)"
+
+
+def compare_table(groups: list[tuple[str, str]], mhz: bool = False) -> str:
+    head = ["rows", "backend", "batch, layers recomputed / offloaded", "tok/s non-pad", "slowest / p50 step", "MFU %",
+            *(["SM MHz"] if mhz else []), "peak resv GiB", "$/1M tok", "fast's cell over this one (p50)"]
+    rows = []
+    for sweep, label in groups:
+        cells = final.group(sweep)  # fastest first
+        fast = final.best(cells, "fast")
+        for r in cells:
+            rows.append([label, r["backend"], r["layout"] + (", profiled" if r["profiled"] else ""), f"{r['tok']:,.0f}",
+                         f"{r['slowest']:.2f}", f"{r['mfu']:.1f}", *([f"{r['mhz']:,.0f}"] if mhz else []),
+                         f"{r['gib']:.2f}", f"${r['usd']:.3f}", ratio(fast, r)])
+    return an.md_table(head, rows)
+
+
+def budget_section(n: int) -> str:
+    groups = [(f"s{n}/fixed", "fixed-length"), (f"s{n}/sharegpt", "ShareGPT packed")]
+    gpu = final.gpu_name(f"s{n}/fixed")
+    png = None  # one bar chart (seq 512) is enough: the others read the same
+    if n == 512:
+        png = plots.throughput(load_cells(RUNS / FINAL / f"s{n}/fixed"), ["backend", "batch"], ReportConfig(),
+                               out(f"s{n}")) if WRITE else IMG / f"s{n}/throughput.png"
+    return "\n".join([
+        f"### seq {n}, within 22 GiB (`gpu=a10`) on one {gpu}", "",
+        compare_table(groups), "",
+        f"Run dirs: [runs/{FINAL}/s{n}](runs/{FINAL}/s{n}); every command in "
+        f"[2026-11-24_final.sh](runs/scripts/2026-11-24_final.sh) (`bash docs/runs/scripts/2026-11-24_final.sh "
+        f"{final.COMMIT} s{n}`). Table: {cmd(f's{n}')}", "",
+        plot(f"s{n}", png, f"non-pad tokens/s of the fixed-length cells at seq {n}")])
+
+
+def whole_section() -> str:
+    gpu = final.gpu_name("whole/auto")
+    return "\n".join([
+        f"### seq 512, the whole {gpu} (141 GB), nothing recomputed, LoRA dropout 0", "",
+        compare_table([("whole/auto", "fixed-length")], mhz=True), "",
+        "Fast ran three cells of one layout (with and without absmax_cache, and one profiled); Unsloth one cell "
+        "(b64, nothing recomputed): the ratio is against that one cell, not a searched best. The card sits at its "
+        "700 W limit, so the SM clock and with it tokens/s move by a few % from run to run; fast's fastest cell "
+        "in three separate runs:", "",
+        final.mfu_by_lease().replace("- ", "- runs/", 1).replace("\n- ", "\n- runs/"), "",
+        f"Run dirs: [runs/{FINAL}/whole](runs/{FINAL}/whole) (`bash docs/runs/scripts/2026-11-24_final.sh "
+        f"{final.COMMIT} whole`). Table: {cmd('whole')}"])
+
+
+def profile_section() -> str:
+    return "\n".join([
+        "### Where fast's step goes on the whole GPU (ms of one profiled step)", "",
+        final.profile(), "",
+        final.lean.mfu_line("whole/auto"), "",
+        f"From the profiled cell's metrics.json and profile.txt. Table: {cmd('profile')}"])
+
+
+def loss_section() -> str:
+    results = [r for r in load_cells(RUNS / FINAL / "tests/loss_match") if r.ok]
+    axes_ = an.axes(results)
+    curves = an.loss_curves(results, axes_)
+    png = plots.loss(results, axes_, ReportConfig(), out("loss"), curves) if WRITE else IMG / "loss/loss.png"
+    return "\n".join([
+        "### Does fast train the same model? (loss over the same batches)", "",
+        "Each cell's per-step loss against hf with QLoRA's fp32 upcast, on the same packed ShareGPT batches in the "
+        "same order; `upcast_fp32=False` on hf is the yardstick: what bf16 rounding alone changes.", "",
+        an.loss_match_table(axes_, curves), "",
+        f"Run dir: [runs/{FINAL}/tests/loss_match](runs/{FINAL}/tests/loss_match) "
+        f"(`python train.py +experiment=fast_loss_match`). Table: {cmd('loss')}", "",
+        plot("loss", png, "loss per step, hf and fast")])
+
+
+# --- the seed's recipe (hf) and the tools around it ----------------------------------------------------------
+
+def name(r, axes_) -> str:
+    """A cell's name: the diagnostic's option where it has one (its resolved keys say the same, at length)."""
+    diag = re.search(r"diag=([\w.]+)", r.cell)
+    return f"diag={diag[1]}" if diag else an.label(r, axes_)
+
+
+def short_table(results, axes_) -> str:
+    """The report's cells table cut to the columns a reader compares (lorabench.analysis's labels and formats)."""
+    return an.md_table(["cell", "tok/s non-pad", "samples/s", "step p50 s", "MFU %", "peak resv GiB", "$/1M tok"],
+                       [[name(r, axes_), f"{r.metrics['perf/tokens_per_s']:,.0f}",
+                         f"{r.metrics['perf/samples_per_s']:.2f}", f"{r.metrics['perf/step_time_p50_s']:.3f}",
+                         an.num(r.metrics.get("perf/mfu_pct"), ".1f"), f"{r.metrics['mem/peak_reserved_gib']:.2f}",
+                         an.money(r.metrics.get("cost/usd_per_1m_tokens"))] for r in results if r.ok])
+
+
+def seed_grid_section() -> str:
+    d = RUNS / "2026-11-22_h100_seed_grid"
+    results = load_cells(d)
+    axes_ = an.axes(results)
+    effects = "\n".join(f"- {an.sentence(e)}" for e in an.knob_effects(results, axes_))
+    png = plots.heatmaps(results, axes_, ReportConfig(), out("seed_grid")) if WRITE else IMG / "seed_grid/heatmap.png"
+    return "\n".join([
+        "### The seed's grid with hf (the seed's recipe as it is), one H100, no memory limit", "",
+        f"All cells: {an.constants(results)}; synthetic fixed-length rows (no padding), two seeds a cell.", "",
+        short_table(results, axes_), "",
+        "Knob effects (median change between cells that differ in that key alone):", "", effects, "",
+        "Spread over the two seeds:", "", an.spread_table(results, axes_), "",
+        f"Run dir: [runs/{d.name}](runs/{d.name}) (`python train.py -m +experiment=seed_baseline seq_len=512,1024 "
+        f"batch=4,8 train.seed=0,1`). Table: {cmd('seed_grid')}", "",
+        plot("seed_grid", png, "tokens/s and memory over seq_len x batch")])
+
+
+def packing_section() -> str:
+    d = RUNS / "2026-11-22_h100_sharegpt_packing"
+    results = load_cells(d)
+    axes_ = an.axes(results)
+    rows = [[an.label(r, axes_), f"{r.metrics['perf/tokens_per_s']:,.0f}", f"{r.metrics['perf/total_tokens_per_s']:,.0f}",
+             f"{r.metrics['data/nonpad_fraction']:.3f}", f"{r.metrics['mem/peak_reserved_gib']:.2f}"] for r in results]
+    return "\n".join([
+        "### ShareGPT with and without packing (hf, seq 512, batch 8, one H100)", "",
+        an.md_table(["cell", "tok/s non-pad", "tok/s counting padding", "non-pad fraction", "peak resv GiB"], rows), "",
+        f"Run dir: [runs/{d.name}](runs/{d.name}) (`python train.py -m +experiment=seed_optimum data=sharegpt "
+        f"data.packing=false,true`). Table: {cmd('packing')}"])
+
+
+def bottleneck_table(results, axes_) -> str:
+    """lorabench.analysis's bottleneck table with the short names."""
+    rows = [r for r in results if "prof/step_ms" in r.metrics]
+    return an.md_table(["cell", "profiled step ms", "timed step p50 ms", *[f"{c} %" for c in an.CATEGORIES]],
+                       [[name(r, axes_), f"{r.metrics['prof/step_ms']:.0f}",
+                         f"{1e3 * r.metrics['perf/step_time_p50_s']:.0f}",
+                         *[f"{100 * r.metrics[f'prof/{c}_frac']:.0f}" for c in an.CATEGORIES]] for r in rows])
+
+
+def diagnostic_section() -> str:
+    d = RUNS / "2026-11-22_h100_diagnostic_a10_budget_profiled"
+    results = load_cells(d)
+    axes_ = an.axes(results)
+    png = plots.bottleneck(results, axes_, ReportConfig(), out("diagnostic")) if WRITE \
+        else IMG / "diagnostic/bottleneck.png"
+    return "\n".join([
+        "### The seed's diagnostic within 22 GiB, profiled (hf, one H100)", "",
+        short_table(results, axes_), "",
+        "Where a profiled step's time goes (% of the step; the profiler slows a step, so idle is an upper bound):", "",
+        bottleneck_table(results, axes_), "",
+        f"Run dir: [runs/{d.name}](runs/{d.name}) (`python train.py +experiment=diagnostic gpu=a10 "
+        f"train.max_steps=27 train.profile_steps=2`). Tables: {cmd('diagnostic')}", "",
+        plot("diagnostic", png, "where each profiled step's time goes")])
+
+
+def sizing_section() -> str:
+    d = RUNS / "2026-11-22_h100_gpu_sizing_a10_budget"
+    results = load_cells(d)
+    axes_ = an.axes(results)
+    return "\n".join([
+        "### What fits in 22 GiB (hf, every layer recomputed, one H100)", "",
+        an.fit_table(an.fit_grid(results, axes_)), "",
+        f"Run dir: [runs/{d.name}](runs/{d.name}) (`python train.py +experiment=gpu_sizing gpu=a10`; 2 timed steps "
+        f"a cell, so its tokens/s are rough). Table: {cmd('sizing')}"])
+
+
+def ddp_section() -> str:
+    d = RUNS / "2026-11-22_h200x4_ddp_scaling"
+    results = load_cells(d)
+    return "\n".join([
+        "### Several GPUs per cell (DDP, hf, seq 512, batch 8 per GPU, 4 x H200 with NVLink)", "",
+        an.scaling_table(results, an.axes(results)), "",
+        f"Run dir: [runs/{d.name}](runs/{d.name}) (`python train.py +experiment=ddp_scaling "
+        f"train.max_steps=25`). Table: {cmd('ddp')}"])
+
+
+def hardware_section() -> str:
+    d = RUNS / "2026-11-24_h100_projection/hardware"
+    m = json.loads((d / "metrics.json").read_text())["metrics"]
+    gemm = " / ".join(f"{m[f'hw/gemm_t{t}_tflops']:,.0f}" for t in (2048, 4096, 8192, 16384))
+    rows = [["LoRA step's GEMMs at 2k / 4k / 8k / 16k rows (TFLOP/s)", gemm],
+            ["fastest square bf16 matmul of the sizes timed (TFLOP/s)", f"{m['hw/matmul_bf16_best_tflops']:,.0f}"],
+            ["device copy, read + write (GB/s)", f"{m['hw/device_copy_gbs']:,.0f}"],
+            ["activation-sized elementwise add (GB/s)", f"{m['hw/elementwise_gbs']:,.0f}"],
+            ["launch floor (us)", f"{m['hw/launch_us']:.1f}"]]
+    return "\n".join([
+        "### The GPU itself (one H100, `bench.py suite=hardware`)", "",
+        an.md_table(["figure", "measured"], rows), "",
+        f"Run dir: [runs/2026-11-24_h100_projection/hardware](runs/2026-11-24_h100_projection/hardware) "
+        f"(`python bench.py suite=hardware model=mistral-7b-v0.3`). Table: {cmd('hardware')}"])
+
+
+# --- the page ------------------------------------------------------------------------------------------------
+
+def words(layout: str) -> str:
+    """ "b24, 0.375 / 0.25" -> "batch 24, 0.375 of the layers recomputed, 0.25 offloaded" """
+    batch, rec, off = re.match(r"b(\d+), ([\d.]+) / ([\d.]+)", layout).groups()
+    if float(rec) == 1:
+        return f"batch {batch}, every layer recomputed"
+    return f"batch {batch}, {rec} of the layers recomputed, {off} offloaded"
+
+
+def glance() -> str:
+    """README's few lines: the seq 512 budget table's cells and the whole-GPU cell, with what each counts."""
+    rows = final.group("s512/fixed")
+    f, h, u = final.best(rows, "fast"), final.best(rows, "hf"), final.best(rows, "unsloth")
+    nu = sum(r["backend"] == "unsloth" for r in rows)
+    w = final.group("whole/auto")
+    wf, wu = final.best(w, "fast"), final.best(w, "unsloth")
+    return "\n".join([
+        f"- Within 22 GiB on one H100, seq 512, fixed-length rows (Mistral-7B nf4, LoRA r16 q/k/v/o): fast "
+        f"{f['tok']:,.0f} non-pad tokens/s ({words(f['layout'])}); Unsloth {u['tok']:,.0f} (the faster of its {nu} "
+        f"cells, {words(u['layout'])}); hf {h['tok']:,.0f} (the seed's cell, {words(h['layout'])}). hf and Unsloth "
+        f"were not searched: fast is {f['tok'] / h['tok']:.2f}x hf's seed cell, not a searched best.",
+        f"- The whole H200 at seq 512, nothing recomputed: fast {wf['tok']:,.0f} non-pad tokens/s ({wf['mfu']:.1f}% MFU), "
+        f"Unsloth's one cell {wu['tok']:,.0f}.",
+        "- Every table, what it counts and the command that prints it: [docs/results.md](docs/results.md)."])
+
+
+INTRO = """# Measured results
+
+Generated by `python docs/runs/scripts/results.py --write` from the run dirs in [runs/](runs/); do not edit by hand.
+Each table's command prints it again. Older rounds (how the fast path was built) are in [history.md](history.md).
+
+**What is counted.** tok/s non-pad: tokens that are not padding (attention mask 1), summed over the timed steps
+(after 5 warmup steps, the GPU synchronised at every step end), over their wall time; "(p50)" is the same tokens per
+step over the median step. MFU: model FLOPs (4 per frozen weight, 6 per adapter weight, per token, plus attention)
+over the GPU's dense bf16 peak; recomputation and dequantisation are not counted. peak resv GiB: PyTorch's peak
+reserved memory after warmup (nvidia-smi shows more: the CUDA context). $/1M tok: conf/gpu's illustrative hourly
+price ($10/h for an H100) over the non-pad tokens/s. The model is Mistral-7B-v0.3's architecture with random weights
+(speed and memory hold, quality does not); nf4 QLoRA, LoRA r16 alpha 32 on q/k/v/o, paged_adamw_8bit, lr 2e-4.
+
+**Ratios** are only between cells of one table: the same GPU, the same run, the same rows. fast's layout (batch,
+layers recomputed and offloaded) was chosen by searches in earlier rounds ([history.md](history.md)); hf and Unsloth
+were not searched here: hf ran one cell, the seed's recipe as it is (batch 8, every layer recomputed; batch 4 at
+seq 2048), and Unsloth two batch sizes with every layer recomputed (its own default). A ratio against them is against
+those cells, not against their best: hf with fewer layers recomputed or a larger batch may be faster (at seq 512 its
+batch 16 also fits in 22 GiB, see "What fits" below), and so may Unsloth with fewer layers recomputed.
+
+## Current: hf, fast and Unsloth on the same rows (commit 22c8b76)
+
+Unsloth runs only on the fixed-length rows: its patched attention is not known to keep packed samples apart."""
+
+SECTIONS = {"s512": lambda: budget_section(512), "s1024": lambda: budget_section(1024),
+            "s2048": lambda: budget_section(2048), "whole": whole_section, "profile": profile_section,
+            "loss": loss_section, "seed_grid": seed_grid_section, "packing": packing_section,
+            "diagnostic": diagnostic_section, "sizing": sizing_section, "ddp": ddp_section,
+            "hardware": hardware_section}
+EARLIER = "## The seed's recipe and the tools around it (hf, the first day)"
+WRITE = "--write" in sys.argv
+
+
+def page() -> str:
+    parts = [INTRO]
+    for name, section in SECTIONS.items():
+        if name == "seed_grid":
+            parts.append(EARLIER)
+        parts.append(section())
+    return "\n\n".join(parts) + "\n"
+
+
+def write() -> None:
+    (DOCS / "results.md").write_text(page())
+    readme = (REPO / "README.md").read_text()
+    block = "<!-- results.py: glance -->\n" + glance() + "\n<!-- /results.py -->"
+    new, n = re.subn(r"<!-- results.py: glance -->.*?<!-- /results.py -->", lambda _: block, readme, flags=re.S)
+    if n != 1:
+        raise SystemExit("README.md has no '<!-- results.py: glance -->' block to fill")
+    (REPO / "README.md").write_text(new)
+
+
+if __name__ == "__main__":
+    args = [a for a in sys.argv[1:] if a != "--write"]
+    if WRITE:
+        write()
+    elif args:
+        for a in args:
+            if a not in SECTIONS and a != "glance":
+                raise SystemExit(f"section={a!r}: not one of {', '.join([*SECTIONS, 'glance'])}")
+            print(glance() if a == "glance" else SECTIONS[a]())
+    else:
+        print(page())
