@@ -85,7 +85,7 @@ def test_unknown_group_option_lists_the_valid_ones():
     ("batch=-2", "batch must be > 0"),
     ("lora.r=0", "lora.r must be > 0"),
     ("lora.dropout=1.0", "lora.dropout"),
-    ("train.timing_warmup_steps=100", "no step would be timed"),
+    ("train.untimed_steps=100", "no step would be timed"),
     ("model.num_key_value_heads=3", "multiple"),
     ("gpu.price_per_hour=-1", "gpu.price_per_hour must be >= 0"),
 ])

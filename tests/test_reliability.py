@@ -14,7 +14,7 @@ from conftest import Forked, REPO, read_result, read_steps, run_in_process
 
 # Dropout on (the tiny default): the RNG states in the checkpoint are part of what must come back.
 STEPS = 20
-COMMON = [f"train.max_steps={STEPS}", "train.timing_warmup_steps=2", "data.max_samples=64", "seq_len=64"]
+COMMON = [f"train.max_steps={STEPS}", "train.untimed_steps=2", "data.max_samples=64", "seq_len=64"]
 
 
 def start_and_stop(run_dir, extra, after_steps, sig):
@@ -153,7 +153,7 @@ def test_failures_are_isolated_in_a_12_cell_sweep(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(REPO / "train.py"), "-m", f"hydra.searchpath=[file://{REPO / 'tests' / 'conf'}]",
          "+case=" + ",".join(sorted(p.stem for p in (REPO / "tests" / "conf" / "case").glob("*.yaml"))),
-         "train.max_steps=6", "train.timing_warmup_steps=2", f"hydra.sweep.dir={sweep}"],
+         "train.max_steps=6", "train.untimed_steps=2", f"hydra.sweep.dir={sweep}"],
         cwd=REPO, capture_output=True, text=True, timeout=600, preexec_fn=limit_memory,
         env={**os.environ, "LORABENCH_TEST_BAD_JSONL": str(bad), "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 2, proc.stderr[-3000:]  # failed cells: the multirun is not a clean measurement
