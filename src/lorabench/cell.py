@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import logging
+import os
 import resource
 import sys
 import time
@@ -142,7 +143,10 @@ def run(cfg: DictConfig, ctx: RunContext, measure: Measure, job_type: str = "tra
     writes metrics.json with status "oom" or "failed" and the whole reason, and returns normally, so
     a multirun goes on to the next cell (Hydra skips its end-of-sweep callbacks if any cell raises).
     After a stop signal a multirun goes on to no further cell (end_sweep)."""
-    if ctx.multirun and preemption.requested:  # the signal came between two cells
+    # The multirun's cells run one after another in this process (Hydra's basic launcher); a submitit
+    # job is one cell in a process of its own, and its launcher decides what runs next.
+    sweep_here = ctx.multirun and not os.environ.get("SUBMITIT_EXECUTOR")
+    if sweep_here and preemption.requested:  # the signal came between two cells
         end_sweep(cfg, ctx)
     run_dir = ctx.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -175,13 +179,13 @@ def run(cfg: DictConfig, ctx: RunContext, measure: Measure, job_type: str = "tra
 
     t_start = time.perf_counter()
     try:
-        record(result, run_dir / "error.txt", work, keep_handlers=ctx.multirun)
+        record(result, run_dir / "error.txt", work, keep_handlers=sweep_here)
     finally:
         if result.status is Status.running:  # SystemExit passing through
             result.status, result.error = Status.interrupted, "interrupted before the cell finished"
         result.total_s = time.perf_counter() - t_start
         close(result, run_dir, result_file, logger)
-    if ctx.multirun and preemption.requested:
+    if sweep_here and preemption.requested:
         end_sweep(cfg, ctx)
     return result
 
