@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import textwrap
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -473,12 +474,23 @@ class BackendConfig:
 
 
 class Suite(Enum):
-    report = "report"  # the sweep report of a sweep dir
-    hardware = "hardware"  # matmul TFLOP/s, device memory and host link bandwidth
-    loading = "loading"  # time and memory to build or load the model at a precision
-    inference = "inference"  # generate() tokens/s, time to first token, per-token latency by batch
-    consistency = "consistency"  # spread of result files across nodes or GPUs against tolerances
-    project = "project"  # a measured sweep's cells projected onto other GPUs (lorabench.projection)
+    report = "report"
+    hardware = "hardware"
+    loading = "loading"
+    inference = "inference"
+    consistency = "consistency"
+    project = "project"
+
+
+SUITE_HELP = {  # (bench.py --help lists these)
+    Suite.report: "the sweep report of sweep_dir (the default suite)",
+    Suite.hardware: "matmul TFLOP/s per dtype and size, one LoRA step's GEMMs at the model's shapes, device "
+                    "memory, elementwise and host-link bandwidth, launch latency",
+    Suite.loading: "time and memory to build or load the model at a precision",
+    Suite.inference: "generate() tokens/s, time to first token, per-token latency by batch size",
+    Suite.consistency: "spread of result files across nodes or GPUs against tolerances",
+    Suite.project: "a measured sweep's cells projected onto other GPUs (lorabench.projection)",
+}
 
 
 @dataclass
@@ -578,13 +590,57 @@ def renamed_key(args: list[str]) -> str | None:
     return None
 
 
+BENCH_HELP = """lorabench bench.py: measurements beside training, through the same model builders, and the
+report of a sweep. Each suite is one cell: metrics.json in its run dir, a multirun's report after.
+
+Suites (suite=...):
+{suites}
+
+Examples:
+  python bench.py suite=hardware                          matmul, memory and host-link bandwidth (GPU: ~1 min)
+  python bench.py suite=hardware hardware.sizes=[512] hardware.dtypes=[fp32] hardware.tokens=[256]
+                 hardware.copy_mib=64                     a short run on a CPU
+  python bench.py -m suite=loading model=mistral-7b-v0.3 precision=bf16,nf4,int8
+  python bench.py -m suite=inference model=mistral-7b-v0.3 precision=bf16,nf4
+  python bench.py suite=consistency 'consistency.inputs=[outputs/node*/metrics.json]'
+  python bench.py sweep_dir=outputs/sweeps/<time>        the report of a sweep (a partial one too)
+  python bench.py suite=project sweep_dir=outputs/sweeps/<time> target=[a10,h100]
+  python bench.py --cfg job                               the whole composed config
+
+Options, group=option (a multirun takes several: precision=nf4,bf16):
+{groups}
+
+Keys: suite, sweep_dir, device (auto, cpu, cuda), seed, hardware.sizes, hardware.dtypes, hardware.tokens,
+hardware.rep_ms, inference.batches, inference.prompt_len, inference.new_tokens, consistency.inputs,
+consistency.relative, target, measured, report.* (BenchConfig in src/lorabench/config.py).
+Long suites log each item with an estimate of the time left: [3/24] matmul fp32 2048 ... ETA 40 s.
+
+Exit codes: 0 ok; 1 bad command line (Hydra) or a consistency tolerance exceeded; 2 a cell failed;
+3 out of memory; 4 interrupted. A multirun exits 0 when every cell is ok, oom or skipped.
+"""
+# bench.py's own groups: the training-only ones (backend, data, lora, optimizer) are not read there.
+BENCH_GROUPS = ("model", "precision", "gpu", "logger")
+
+
+def group_lines(groups) -> str:
+    """One line per config group: its options in conf/ (the schemas Hydra lists as base_* are not options)."""
+    return "\n".join(f"  {g}=".ljust(14) + ", ".join(sorted(f.stem for f in (CONF_DIR / g).glob("*.yaml")))
+                     for g in groups)
+
+
 def help_text() -> str:
-    """`python train.py --help`: examples and the options of every group, read from conf/ (the
-    schemas Hydra lists as base_* are not options)."""
+    """`python train.py --help`: examples and the options of every group, read from conf/."""
     groups = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name not in ("hydra", "experiment", "diag"))
-    lines = [f"  {g}=".ljust(14) + ", ".join(sorted(f.stem for f in (CONF_DIR / g).glob("*.yaml"))) for g in groups]
     experiments = ", ".join(sorted(f.stem for f in (CONF_DIR / "experiment").glob("*.yaml")))
-    return HELP.format(groups="\n".join(lines), experiments=experiments)
+    return HELP.format(groups=group_lines(groups), experiments=experiments)
+
+
+def bench_help_text() -> str:
+    """`python bench.py --help`: its suites, examples and its own groups."""
+    width = max(len(s.value) for s in Suite)
+    suites = "\n".join(textwrap.fill(SUITE_HELP[s], 100, initial_indent=f"  {s.value.ljust(width)}  ",
+                                      subsequent_indent=" " * (width + 4)) for s in Suite)
+    return BENCH_HELP.format(suites=suites, groups=group_lines(BENCH_GROUPS))
 
 
 def register_configs() -> None:
@@ -598,6 +654,8 @@ def register_configs() -> None:
         cs.store(group=group, name=f"base_{group}", node=node)
     if not OmegaConf.has_resolver("lorabench_help"):
         OmegaConf.register_new_resolver("lorabench_help", help_text)
+    if not OmegaConf.has_resolver("lorabench_bench_help"):
+        OmegaConf.register_new_resolver("lorabench_bench_help", bench_help_text)
 
 
 register_configs()
