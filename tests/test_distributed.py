@@ -101,17 +101,17 @@ def test_one_process_launch_runs_the_worker_without_torchrun(tmp_path, monkeypat
     from lorabench import distributed, worker
     from lorabench.results import CellResult, Status
 
-    commands, real_run = [], subprocess.run
+    commands, real_popen = [], subprocess.Popen
 
     def child(cmd, env=None, **kw):
         if "lorabench.worker" not in cmd:  # (subprocess is one module: git's calls pass through)
-            return real_run(cmd, env=env, **kw)
+            return real_popen(cmd, env=env, **kw)
         commands.append(cmd)
         monkeypatch.setenv("RANK", env["RANK"])
         worker.worker(Path(cmd[-1]))
-        return subprocess.CompletedProcess(cmd, 0)
+        return real_popen(["true"])  # a finished child with exit code 0, for the launcher to wait on
 
-    monkeypatch.setattr(distributed.subprocess, "run", child)
+    monkeypatch.setattr(distributed.subprocess, "Popen", child)
     cfg = [*COMMON, "batch=2"]
     (tmp_path / "0").mkdir()
     result = CellResult(Status.running, "cell")

@@ -325,7 +325,7 @@ class TrainConfig:
     # Host memory the cell's processes may hold (GiB, resident); past it the cell stops, recorded oom.
     # null: what the process holds when training starts plus 90% of what the host has available.
     host_memory_limit_gib: Optional[float] = None
-    # After SIGTERM the current step may finish and write a checkpoint; a step still running this many
+    # After SIGTERM or Ctrl-C the current step may finish and write a checkpoint; a step still running this many
     # seconds after the signal is stopped where it is (no new checkpoint), so the cell ends in time.
     sigterm_grace_s: float = 10.0
 
