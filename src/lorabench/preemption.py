@@ -177,7 +177,9 @@ class Preemption:
                 self._child.send_signal(signum)
             return
         if self._guard is None:
-            raise Stopped(f"{name} before training began: the cell stopped at once")
+            stopped = f"{name} before training began: the cell stopped at once"
+            self.hand_over(stopped)  # a job that runs again ends without a result, as after a step
+            raise Stopped(stopped)
         if again:
             if signum == signal.SIGINT:  # Ctrl-C twice: now
                 raise Stopped(f"{name} again: stopped at once, in the step after the last recorded one "
