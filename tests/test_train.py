@@ -159,7 +159,8 @@ def test_out_of_memory_is_recorded_as_oom(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("overrides", [
     ["precision=bf16"], ["optimizer=adafactor"], ["optimizer=adamw_torch_fused"], ["lora=r8"], ["lora=all_linear"],
-    ["train.gradient_checkpointing=true"], ["train.grad_accum=2"], ["optimizer.schedule=cosine", "optimizer.lr_warmup_steps=2"],
+    ["train.gradient_checkpointing=true"], ["train.grad_accum=2"],
+    ["optimizer.schedule=cosine", "optimizer.lr_warmup_steps=2"],
     ["data.padding=max_length", "seq_len=48"], ["gpu=a10", "gpu.pricing=spot", "gpu.price_of_target=true"],
     ["gpu=h100"], ["data.num_workers=1"],
 ], ids=lambda o: ",".join(o))

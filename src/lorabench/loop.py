@@ -67,7 +67,8 @@ def _measure(c: Config, run_dir: Path, result: CellResult, logger: MetricLogger,
     watch = watch_training(c, device, run_dir, steps_file, resume, logger, rank)
     trainer = MeasuredTrainer(model=model, args=training_arguments(c, device, ckpt_dir), train_dataset=dataset,
                               data_collator=data.build_collator(c, tokenizer), callbacks=watch.callbacks,
-                              meter=watch.meter, flat_optimizer=c.backend.flat_optimizer, lean_step=c.backend.lean_step)
+                              meter=watch.meter, flat_optimizer=c.backend.flat_optimizer,
+                              lean_step=c.backend.lean_step)
     trainer.remove_callback(PrinterCallback)  # it prints every log dict; the bar shows them
     train(c, trainer, resume, watch, ckpt_dir)
     arch = flop_arch(model)

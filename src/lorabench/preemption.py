@@ -187,7 +187,8 @@ class Preemption:
             return
         log.warning("%s: saving a checkpoint at the end of this step (or stopping it in %g s), then stopping; "
                     "Ctrl-C again stops at once", name, self._grace_s)
-        self._timer = threading.Timer(self._grace_s, self._guard.stop, args=(StepAborted(f"{name} grace period over"),))
+        aborted = StepAborted(f"{name} grace period over")
+        self._timer = threading.Timer(self._grace_s, self._guard.stop, args=(aborted,))
         self._timer.daemon = True
         self._timer.start()
 
