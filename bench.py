@@ -31,4 +31,10 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if error := lorabench.config.renamed_key(sys.argv[1:]):
+        sys.exit(f"bench.py: {error}")
+    try:
+        main()
+    except KeyboardInterrupt:  # Ctrl-C outside a cell (in a cell, lorabench.preemption handles it)
+        print("bench.py: interrupted (Ctrl-C)", file=sys.stderr)
+        sys.exit(4)

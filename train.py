@@ -36,4 +36,10 @@ def main(cfg: DictConfig):
 
 
 if __name__ == "__main__":
-    main()
+    if error := lorabench.config.renamed_key(sys.argv[1:]):
+        sys.exit(f"train.py: {error}")
+    try:
+        main()
+    except KeyboardInterrupt:  # Ctrl-C outside a cell (in a cell, lorabench.preemption handles it)
+        print("train.py: interrupted (Ctrl-C)", file=sys.stderr)
+        sys.exit(4)

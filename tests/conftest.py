@@ -24,7 +24,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 CONF = REPO / "conf"
 # A few steps are enough to exercise every part of a cell; the default task test runs the full default.
-FAST = ["train.max_steps=6", "train.timing_warmup_steps=2", "data.max_samples=64"]
+FAST = ["train.max_steps=6", "train.untimed_steps=2", "data.max_samples=64"]
 
 
 def compose_cfg(overrides=(), config_name="train", return_hydra_config=False):

@@ -64,7 +64,7 @@ def test_fast_path_gradients_match_hf_on_cpu(monkeypatch, liger):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     cpu = torch.device("cpu")
     loss_hf, g_hf, n_hf = lora_grads(["train.gradient_checkpointing=true"], cpu)
-    loss_fast, g_fast, n_fast = lora_grads(["backend=fast", f"backend.liger=[{','.join(liger)}]", "backend.pack=false",
+    loss_fast, g_fast, n_fast = lora_grads(["backend=fast", f"backend.liger=[{','.join(liger)}]", "data.packing=false",
                                             "train.gradient_checkpointing=true", "train.checkpoint_fraction=0.5"],
                                            cpu)
     assert (n_hf, n_fast) == (2, 1)  # tiny model: 2 layers, all vs half checkpointed
@@ -86,10 +86,14 @@ def test_checkpoint_fraction_selects_layers():
 
 
 def test_fast_backend_packs_real_data_not_synthetic():
+    """backend=fast sets data.packing (one key for packing); synthetic rows are full already."""
     c = OmegaConf.to_object(compose_cfg(["backend=fast"]))
-    assert data.packs(c) and not c.data.packing
-    c = OmegaConf.to_object(compose_cfg(["backend=fast", "data=synthetic"]))
-    assert not data.packs(c)
+    assert data.packs(c) and c.data.packing
+    assert not data.packs(OmegaConf.to_object(compose_cfg(["backend=fast", "data=synthetic"])))
+    assert not data.packs(OmegaConf.to_object(compose_cfg(["backend=fast", "data.packing=false"])))
+    assert not OmegaConf.to_object(compose_cfg(["backend=hf"])).data.packing
+    # an experiment that sweeps the backend: each cell's packing follows its backend
+    assert OmegaConf.to_object(compose_cfg(["+experiment=fast_vs_hf", "backend=fast"])).data.packing
 
 
 def test_liger_on_cpu_is_refused_with_the_reason(tmp_path):
@@ -114,8 +118,8 @@ def test_unsloth_is_refused_on_cpu_and_with_options_it_does_not_read(monkeypatch
     with pytest.raises(RuntimeError, match="backend=unsloth needs a CUDA GPU"):
         backends.check(c, torch.device("cpu"))
     backends.check(c, torch.device("cuda", 0))  # its own recipe passes (nothing runs on the GPU here)
-    c = OmegaConf.to_object(compose_cfg(["backend=unsloth", "backend.pack=true"]))
-    with pytest.raises(ValueError, match="pack=True"):
+    c = OmegaConf.to_object(compose_cfg(["backend=unsloth", "backend.compile=true"]))
+    with pytest.raises(ValueError, match="compile=True"):
         check_values(c)
     monkeypatch.setattr(backends.importlib.util, "find_spec", lambda n, *a: None if n == "unsloth" else real(n, *a))
     with pytest.raises(CellSkipped, match="pip install unsloth"):
@@ -170,7 +174,7 @@ def test_fast_path_gradients_match_hf_on_gpu(precision):
     # LoRA dropout off: its masks are random draws, and the two paths need not draw them in the same order.
     opt = ["optimizer=adamw_torch", f"precision={precision}", "train.gradient_checkpointing=true", "lora.dropout=0"]
     loss_hf, g_hf, _ = lora_grads(opt, cuda)
-    loss_fast, g_fast, _ = lora_grads([*opt, "backend=fast", "backend.pack=false",
+    loss_fast, g_fast, _ = lora_grads([*opt, "backend=fast", "data.packing=false",
                                        "train.checkpoint_fraction=0.5"], cuda)
     assert loss_fast == pytest.approx(loss_hf, rel=1e-2)
     assert_grads_close(g_fast, g_hf, 3e-2)
@@ -202,7 +206,7 @@ def test_unsloth_cell_trains_in_a_process_of_its_own_on_gpu(tmp_path):
 
     r = run_in_process(["backend=unsloth", "precision=nf4", "optimizer=paged_adamw_8bit", "seq_len=128",
                         "train.gradient_checkpointing=true", "train.checkpoint_fraction=0.5",
-                        "train.max_steps=12", "train.timing_warmup_steps=2", "data.max_samples=64"], tmp_path)
+                        "train.max_steps=12", "train.untimed_steps=2", "data.max_samples=64"], tmp_path)
     assert r.status.value == "ok", r.error
     assert r.dist["nproc"] == 1 and r.model["checkpointed_layers"] == 1 and r.model["trainable"] > 0
     losses = [s["loss"] for s in read_steps(tmp_path)]
@@ -221,7 +225,7 @@ def test_backend_sweep_report_compares_speed_and_loss_curves(tmp_path):
 
     for n, backend in enumerate(["hf", "fast"]):
         (tmp_path / str(n) / ".hydra").mkdir(parents=True)
-        r = run_in_process([f"backend={backend}", "backend.liger=[]", "backend.pack=false",
+        r = run_in_process([f"backend={backend}", "backend.liger=[]", "data.packing=false",
                             "train.gradient_checkpointing=true", "train.checkpoint_fraction=0.5", *FAST],
                            tmp_path / str(n))
         assert r.status.value == "ok", r.error

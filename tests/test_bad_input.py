@@ -24,7 +24,7 @@ SCHEMA_CASES = [
     ("lora.dropout=1.5", ["lora.dropout must be in [0, 1)", "1.5"]),
     ("lora.target_modules=[]", ["lora.target_modules is empty", "q_proj"]),
     ("train.max_steps=0", ["train.max_steps must be > 0", "0"]),
-    ("train.timing_warmup_steps=100", ["train.timing_warmup_steps must be in [0, train.max_steps=100)", "100"]),
+    ("train.untimed_steps=100", ["train.untimed_steps must be in [0, train.max_steps=100)", "100"]),
     ("train.grad_accum=0", ["train.grad_accum must be > 0", "0"]),
     ("train.nproc=0", ["train.nproc must be > 0", "0"]),
     ("train.save_steps=-1", ["train.save_steps must be >= 0", "-1"]),
@@ -103,9 +103,8 @@ def test_damaged_or_pickled_checkpoints_fail_before_the_load(tmp_path, damage, w
     (["lora.target_modules=[q_proj,nope_proj]"], ["nope_proj", "not a linear layer", "gate_proj", "all-linear"]),
     (["model.path=/no/such/checkpoint"], ["model.path='/no/such/checkpoint'", "no such directory",
                                          "HF_HUB_OFFLINE"]),
-    (["data=synthetic", "data.packing=true"], ["data.packing=true with data=synthetic"]),
     (["data=jsonl", "data.path=/no/such/train.jsonl"], ["/no/such/train.jsonl"]),
-], ids=["unknown-target-module", "missing-model-path", "conflicting-packing", "missing-data-file"])
+], ids=["unknown-target-module", "missing-model-path", "missing-data-file"])
 def test_impossible_combinations_fail_before_the_model_is_built(tmp_path, overrides, words):
     r = run_in_process([*FAST, *overrides], tmp_path)
     assert r.status.value == "failed" and r.model is None, r.error
@@ -139,7 +138,7 @@ CONTRACT_CASES = [
     (["optimizer.weight_decay=-0.1"], ["optimizer.weight_decay must be >= 0", "-0.1"]),
     (["optimizer.max_grad_norm=-1"], ["optimizer.max_grad_norm must be >= 0", "-1"]),
     (["optimizer.max_grad_norm=nan"], ["optimizer.max_grad_norm must be >= 0", "nan"]),
-    (["optimizer.warmup_steps=-3"], ["optimizer.warmup_steps must be >= 0", "-3"]),
+    (["optimizer.lr_warmup_steps=-3"], ["optimizer.lr_warmup_steps must be >= 0", "-3"]),
     (["gpu.price_per_hour=nan"], ["gpu.price_per_hour must be >= 0", "nan"]),
     (["gpu.price_per_hour=inf"], ["gpu.price_per_hour must be >= 0", "inf"]),
     (["gpu.peak_bf16_tflops=-989"], ["gpu.peak_bf16_tflops must be >= 0", "-989"]),
@@ -149,8 +148,8 @@ CONTRACT_CASES = [
     (["model.rms_norm_eps=0"], ["model.rms_norm_eps must be > 0", "0"]),
     (["report.reference_usd_per_1m_tokens=nan"], ["report.reference_usd_per_1m_tokens must be >= 0", "nan"]),
     (["report.reference_usd_per_1m_tokens=-2"], ["report.reference_usd_per_1m_tokens must be >= 0", "-2"]),
-    (["train.max_steps=5", "train.timing_warmup_steps=5"],
-     ["train.timing_warmup_steps must be in [0, train.max_steps=5)", "got 5"]),
+    (["train.max_steps=5", "train.untimed_steps=5"],
+     ["train.untimed_steps must be in [0, train.max_steps=5)", "got 5"]),
     (["train.max_steps=6", "train.profile_steps=4"], ["train.profile_steps must be in [0", "6 - 2", "got 4"]),
     # paths of the wrong kind, named as such (not "missing", not a hub "repo id")
     (["data=jsonl", "data.path={tmp}/a_dir"], ["data.path=", "a_dir' is a directory", "data=hf"]),

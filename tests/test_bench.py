@@ -28,14 +28,28 @@ def finite_positive(metrics, prefix):
     return values
 
 
-def test_hardware_suite(tmp_path):
+def test_hardware_suite(tmp_path, caplog):
+    caplog.set_level("INFO", logger="lorabench.bench")
     r = run_bench(["suite=hardware", "hardware.sizes=[64,128]", "hardware.copy_mib=8", "hardware.tokens=[64]", "hardware.elementwise_mib=4", "hardware.rep_ms=5"], tmp_path)
     assert r.status.value == "ok", r.error
+    # progress: each item as it starts, 4 dtypes x 2 sizes + 1 token count + copy, add and launch on a CPU
+    lines = [m for m in caplog.messages if m.startswith("[")]
+    assert len(lines) == 12 and lines[0] == "[1/12] matmul bf16 64" and lines[-1].startswith("[12/12] launch latency")
+    assert all(" ... ETA " in line for line in lines[1:]) and lines[8].startswith("[9/12] step GEMMs of model=tiny")
     m = finite_positive(read_result(tmp_path)["metrics"], "hw/")
     for dtype in ("bf16", "fp16", "tf32", "fp32"):
         assert m[f"hw/matmul_{dtype}_best_tflops"] == max(m[f"hw/matmul_{dtype}_{n}_tflops"] for n in (64, 128))
     assert m["hw/device_copy_gbs"] > 0.1  # GB/s, bytes read plus written
     assert r.metrics["hw/matmul_bf16_best_of_peak"] is None  # no datasheet for a CPU: no made-up fraction
+
+
+def test_help_lists_suites_examples_and_the_bench_groups_only():
+    out = run_cli("bench.py", ["--help"]).stdout
+    for suite in Suite:
+        assert f"\n  {suite.value} " in out, suite
+    assert "python bench.py -m suite=loading model=mistral-7b-v0.3" in out and "Exit codes: 0 ok" in out
+    assert "precision=  bf16, fp16, fp32, int8, nf4" in out and "base_" not in out
+    assert "backend=" not in out and "optimizer=" not in out and "experiment" not in out  # train.py's groups
 
 
 def test_loading_suite_measures_each_precision(tmp_path):

@@ -85,7 +85,7 @@ def test_unknown_group_option_lists_the_valid_ones():
     ("batch=-2", "batch must be > 0"),
     ("lora.r=0", "lora.r must be > 0"),
     ("lora.dropout=1.0", "lora.dropout"),
-    ("train.timing_warmup_steps=100", "no step would be timed"),
+    ("train.untimed_steps=100", "no step would be timed"),
     ("model.num_key_value_heads=3", "multiple"),
     ("gpu.price_per_hour=-1", "gpu.price_per_hour must be >= 0"),
 ])
@@ -151,3 +151,24 @@ def test_wandb_mode_comes_from_the_environment_unless_set(monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "sometimes")
     with pytest.raises(ValueError, match="WANDB_MODE='sometimes' is not a W&B mode"):
         LoggerConfig().resolved_mode()
+
+
+@pytest.mark.parametrize("old,new", [("train.timing_warmup_steps=3", "train.untimed_steps"),
+                                     ("optimizer.warmup_steps=10", "optimizer.lr_warmup_steps"),
+                                     ("+backend.pack=false", "data.packing")])
+def test_a_renamed_key_is_refused_with_one_line_naming_the_new_one(old, new):
+    from lorabench.config import renamed_key
+
+    assert renamed_key(["seq_len=64", old]) == f"{old.lstrip('+').split('=')[0]} was renamed: use {new}" + \
+        (" (backend=fast sets it)" if new == "data.packing" else "")
+    assert renamed_key(["train.untimed_steps=3", "optimizer.lr_warmup_steps=2", "data.packing=true"]) is None
+
+
+def test_a_renamed_key_on_the_command_line_stops_train_py_and_bench_py():
+    from conftest import run_cli
+
+    proc = run_cli("train.py", ["-m", "train.timing_warmup_steps=1,2"], check=False)
+    assert proc.returncode == 1 and proc.stderr.strip() == \
+        "train.py: train.timing_warmup_steps was renamed: use train.untimed_steps"
+    proc = run_cli("bench.py", ["suite=hardware", "backend.pack=true"], check=False)
+    assert proc.returncode == 1 and "use data.packing" in proc.stderr.strip().splitlines()[-1]

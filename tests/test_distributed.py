@@ -11,7 +11,7 @@ from lorabench.report import write_report
 # Fixed-length synthetic rows: every rank has the same tokens per step, so the mean of the ranks'
 # mean losses is the mean loss of the doubled batch. LoRA dropout off: each rank would draw its own.
 COMMON = ["train.device=cpu", "data=synthetic", "data.max_samples=64", "seq_len=64", "lora.dropout=0",
-          "train.max_steps=6", "train.timing_warmup_steps=2"]
+          "train.max_steps=6", "train.untimed_steps=2"]
 
 
 def test_two_rank_cell_matches_one_process_at_the_doubled_batch(tmp_path):
@@ -42,7 +42,7 @@ def test_more_processes_than_gpus_is_refused_before_any_launch(tmp_path):
 
     if torch.cuda.device_count() >= 64:
         pytest.skip("a node with 64 GPUs")
-    r = run_in_process(["train.nproc=64", "train.device=auto", "train.max_steps=6", "train.timing_warmup_steps=2"],
+    r = run_in_process(["train.nproc=64", "train.device=auto", "train.max_steps=6", "train.untimed_steps=2"],
                        tmp_path)
     assert r.status.value == "failed" and "train.nproc=64" in r.error and "train.device=cpu" in r.error
     assert not (tmp_path / "ranks.log").exists()
@@ -101,17 +101,17 @@ def test_one_process_launch_runs_the_worker_without_torchrun(tmp_path, monkeypat
     from lorabench import distributed, worker
     from lorabench.results import CellResult, Status
 
-    commands, real_run = [], subprocess.run
+    commands, real_popen = [], subprocess.Popen
 
     def child(cmd, env=None, **kw):
         if "lorabench.worker" not in cmd:  # (subprocess is one module: git's calls pass through)
-            return real_run(cmd, env=env, **kw)
+            return real_popen(cmd, env=env, **kw)
         commands.append(cmd)
         monkeypatch.setenv("RANK", env["RANK"])
         worker.worker(Path(cmd[-1]))
-        return subprocess.CompletedProcess(cmd, 0)
+        return real_popen(["true"])  # a finished child with exit code 0, for the launcher to wait on
 
-    monkeypatch.setattr(distributed.subprocess, "run", child)
+    monkeypatch.setattr(distributed.subprocess, "Popen", child)
     cfg = [*COMMON, "batch=2"]
     (tmp_path / "0").mkdir()
     result = CellResult(Status.running, "cell")

@@ -80,7 +80,7 @@ def test_profile_on_cuda_attributes_kernels(tmp_path):
     from lorabench.profile import CATEGORIES
 
     r = run_in_process(["precision=nf4", "optimizer=paged_adamw_8bit", "train.gradient_checkpointing=true",
-                        "train.max_steps=8", "train.timing_warmup_steps=2", "train.profile_steps=3",
+                        "train.max_steps=8", "train.untimed_steps=2", "train.profile_steps=3",
                         "data.max_samples=64"], tmp_path)
     assert r.status.value == "ok", r.error
     m = r.metrics

@@ -29,8 +29,8 @@ def cell(num, backend, batch, fraction, gpu="a10", seq_len=512):
     elif num == 7:
         status = Status.failed
     config = {"seq_len": seq_len, "batch": batch, "model": {"name": "mistral-7b-v0.3"}, "precision": {"name": "nf4"},
-              "backend": {"name": backend.split("-")[0], "pack": backend.startswith("fast")},
-              "data": {"kind": "sharegpt", "packing": False}, "gpu": {"name": gpu},
+              "backend": {"name": backend.split("-")[0]},
+              "data": {"kind": "sharegpt", "packing": backend.startswith("fast")}, "gpu": {"name": gpu},
               "train": {"checkpoint_fraction": fraction, "nproc": 1, "seed": 0}}
     tok = 4000.0 * (1 + batch / 16) * (2 - fraction) * (1.5 if backend.startswith("fast") else 1)
     metrics = {} if status is not Status.ok else {

@@ -49,7 +49,7 @@ def test_breakdown_partitions_the_measured_step_time(tmp_path, monkeypatch):
 
     slow = profile.breakdown
     monkeypatch.setattr(profile, "breakdown", lambda *a, **k: (time.sleep(1.0), slow(*a, **k))[1])
-    result = run_in_process(["train.max_steps=8", "train.timing_warmup_steps=2", "train.profile_steps=3",
+    result = run_in_process(["train.max_steps=8", "train.untimed_steps=2", "train.profile_steps=3",
                              "data.max_samples=64"], tmp_path)
     assert result.status.value == "ok", result.error
     m = result.metrics
@@ -76,7 +76,7 @@ def test_profile_steps_must_leave_a_timed_step():
     from omegaconf import OmegaConf
 
     with pytest.raises(ValueError, match="train.profile_steps must be in"):
-        OmegaConf.to_object(compose_cfg(["train.max_steps=6", "train.timing_warmup_steps=2", "train.profile_steps=4"]))
+        OmegaConf.to_object(compose_cfg(["train.max_steps=6", "train.untimed_steps=2", "train.profile_steps=4"]))
 
 
 def test_device_timeline_is_partitioned_by_category():

@@ -14,7 +14,7 @@ from conftest import Forked, REPO, read_result, read_steps, run_in_process
 
 # Dropout on (the tiny default): the RNG states in the checkpoint are part of what must come back.
 STEPS = 20
-COMMON = [f"train.max_steps={STEPS}", "train.timing_warmup_steps=2", "data.max_samples=64", "seq_len=64"]
+COMMON = [f"train.max_steps={STEPS}", "train.untimed_steps=2", "data.max_samples=64", "seq_len=64"]
 
 
 def start_and_stop(run_dir, extra, after_steps, sig):
@@ -111,6 +111,37 @@ def test_sigterm_in_a_step_that_outlives_the_grace_period_stops_it_and_the_rerun
     assert r["status"] == "ok" and r["resumed_from_step"] == 10 and losses(run_dir) == expected
 
 
+def signal_when(proc, steps, after_steps, sig):
+    """Sends `sig` to proc once the steps file holds `after_steps` lines; proc's exit code."""
+    deadline = time.time() + 180
+    while time.time() < deadline and proc.poll() is None:
+        if steps.exists() and len(steps.read_text().splitlines()) >= after_steps:
+            os.kill(proc.pid, sig)
+            break
+        time.sleep(0.01)
+    return proc.wait(timeout=180)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_during_cell_2_of_3_stops_the_sweep_after_it(tmp_path, sig):
+    """Ctrl-C behaves as SIGTERM: the step under way ends, a checkpoint is written, the cell is
+    interrupted, no further cell starts, and the sweep writes its report and its closing line (exit
+    code 4: interrupted); no KeyboardInterrupt traceback on the console."""
+    sweep = tmp_path / "sweep"
+    proc = Forked([str(REPO / "train.py"), "-m", "train.seed=0,1,2", "train.max_steps=10",
+                   *COMMON[1:], f"hydra.sweep.dir={sweep}"])
+    assert signal_when(proc, sweep / "1" / "steps.jsonl", 3, sig) == 4
+    assert read_result(sweep / "0")["status"] == "ok"
+    r = read_result(sweep / "1")
+    assert r["status"] == "interrupted" and r["error"].startswith(f"{sig.name}: stopped after step")
+    assert (sweep / "1" / "checkpoints" / f"checkpoint-{len(read_steps(sweep / '1'))}").is_dir()
+    assert not (sweep / "2").exists()  # cell 3 did not start
+    out, err = proc.output()
+    assert err.strip().splitlines()[-1] == \
+        "cells: 3 = 1 ok, 1 interrupted, 1 not started; not measured: 1 (train.seed=1): interrupted"
+    assert (sweep / "results.md").exists() and "Traceback" not in out + err and "KeyboardInterrupt" not in out + err
+
+
 def test_a_cell_that_cannot_fit_in_host_memory_is_refused_before_anything_is_built(tmp_path):
     """The issue's cell: 512 x 4096 tokens of logits over 32768 words is 512 GiB in fp32. It is
     recorded oom (exit code 3) with its need and what the host has, in a second, with no step run."""
@@ -153,7 +184,7 @@ def test_failures_are_isolated_in_a_12_cell_sweep(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(REPO / "train.py"), "-m", f"hydra.searchpath=[file://{REPO / 'tests' / 'conf'}]",
          "+case=" + ",".join(sorted(p.stem for p in (REPO / "tests" / "conf" / "case").glob("*.yaml"))),
-         "train.max_steps=6", "train.timing_warmup_steps=2", f"hydra.sweep.dir={sweep}"],
+         "train.max_steps=6", "train.untimed_steps=2", f"hydra.sweep.dir={sweep}"],
         cwd=REPO, capture_output=True, text=True, timeout=600, preexec_fn=limit_memory,
         env={**os.environ, "LORABENCH_TEST_BAD_JSONL": str(bad), "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 2, proc.stderr[-3000:]  # failed cells: the multirun is not a clean measurement

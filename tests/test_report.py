@@ -129,13 +129,14 @@ def test_knob_effects_pair_cells_that_differ_in_one_key():
 
 def test_cells_are_named_by_a_key_swept_within_each_backend(tmp_path):
     """+experiment=fast_loss_match sweeps backend x backend.upcast_fp32: four cells, four names (the keys
-    a backend only sets, backend.pack, stay out of them), and their loss curves compared with hf's."""
+    a backend only sets, data.packing, stay out of them), and their loss curves compared with hf's."""
     def r(name, upcast):
         d = tmp_path / f"{name}{upcast}"
         d.mkdir()
         (d / "steps.jsonl").write_text("".join(json.dumps({"step": s, "loss": 10.0 - s}) + "\n" for s in (1, 2)))
         return CellResult.from_dict({"status": "ok", "choices": {"backend": name}, "metrics": {}, "run_dir": str(d),
-                                     "config": {"backend": {"name": name, "upcast_fp32": upcast, "pack": name == "fast"}}})
+                                     "config": {"backend": {"name": name, "upcast_fp32": upcast},
+                                                "data": {"packing": name == "fast"}}})
     results = [r(name, upcast) for name in ("hf", "fast") for upcast in (True, False)]
     axes_ = axes(results)
     assert axes_ == ["backend", "backend.upcast_fp32"]
@@ -144,7 +145,7 @@ def test_cells_are_named_by_a_key_swept_within_each_backend(tmp_path):
         "backend=fast,upcast_fp32=True", "backend=fast,upcast_fp32=False"]
     (ref, _), curves = loss_curves(results, axes_)
     assert ref is results[0] and len(curves) == 4
-    assert loss_curves(results, [*axes_, "backend.pack"]) is None  # other rows: not the same batches
+    assert loss_curves(results, [*axes_, "data.packing"]) is None  # other rows: not the same batches
 
 
 def median_of(*xs):

@@ -60,7 +60,7 @@ def test_a_requeued_cell_resumes_and_the_multirun_reports_its_final_run(tmp_path
     its process ends without a result, so the multirun waits; SLURM starts the job again (its start
     is held by SLURM's BeginTime for requeued jobs: released here with scontrol update), it resumes
     in the same run dir and ends ok with the uninterrupted run's losses, and the report holds that row."""
-    common = ["seq_len=64", "data.max_samples=64", "train.max_steps=60", "train.timing_warmup_steps=2",
+    common = ["seq_len=64", "data.max_samples=64", "train.max_steps=60", "train.untimed_steps=2",
               "train.save_steps=10"]
     reference = run_in_process(common, tmp_path / "reference")
     assert reference.ok

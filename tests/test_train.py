@@ -40,7 +40,7 @@ def result_file_holds_consistent_numbers(run_dir, proc):
     assert len(steps) == cfg["train"]["max_steps"] and [s["step"] for s in steps] == list(range(1, len(steps) + 1))
     timed = [s for s in steps if s["timed"]]
     warm = r["metrics"]["count/warmup_steps"]
-    assert warm == 5 and cfg["train"]["timing_warmup_steps"] is None  # unset: 5 for a run this long
+    assert warm == 5 and cfg["train"]["untimed_steps"] is None  # unset: 5 for a run this long
     assert len(timed) == len(steps) - warm and all(not s["timed"] for s in steps[:warm])
     m = r["metrics"]
     assert m["count/tokens_nonpad"] == sum(s["tokens_nonpad"] for s in timed)
@@ -159,7 +159,8 @@ def test_out_of_memory_is_recorded_as_oom(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("overrides", [
     ["precision=bf16"], ["optimizer=adafactor"], ["optimizer=adamw_torch_fused"], ["lora=r8"], ["lora=all_linear"],
-    ["train.gradient_checkpointing=true"], ["train.grad_accum=2"], ["optimizer.schedule=cosine", "optimizer.warmup_steps=2"],
+    ["train.gradient_checkpointing=true"], ["train.grad_accum=2"],
+    ["optimizer.schedule=cosine", "optimizer.lr_warmup_steps=2"],
     ["data.padding=max_length", "seq_len=48"], ["gpu=a10", "gpu.pricing=spot", "gpu.price_of_target=true"],
     ["gpu=h100"], ["data.num_workers=1"],
 ], ids=lambda o: ",".join(o))
@@ -239,7 +240,7 @@ def test_training_from_a_local_checkpoint(tmp_path):
 def test_diagnostic_experiment_runs_its_six_cells(tmp_path):
     run_cli("train.py", ["+experiment=diagnostic", "model=tiny", "data=tiny_instruct", "precision=fp32",
                          "optimizer=adamw_torch", "train.gradient_checkpointing=false", *FAST,
-                         "train.max_steps=5", "train.timing_warmup_steps=1", "train.profile_steps=1",
+                         "train.max_steps=5", "train.untimed_steps=1", "train.profile_steps=1",
                          f"hydra.sweep.dir={tmp_path}"])
     results = [read_result(tmp_path / str(i)) for i in range(6)]
     assert [r["status"] for r in results] == ["ok"] * 6

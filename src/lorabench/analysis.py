@@ -24,6 +24,8 @@ from lorabench.results import CellResult, Status, flatten
 # the group's own name key.
 GROUP_NAME_KEY = {"model": "model.name", "precision": "precision.name", "backend": "backend.name",
                   "optimizer": "optimizer.name", "data": "data.kind", "gpu": "gpu.name", "lora": None}
+# Keys a group's option sets outside its own package: backend=fast sets data.packing.
+SET_BY_OPTION = {"backend": ("data.packing",)}
 IGNORED_KEYS = ("data.cache_dir", "logger.", "model.path", "report.", "sweep.", "train.force", "train.resume")
 # results.csv's config columns: what a user sweeps, under plain names.
 CONFIG_COLUMNS = {"model": "model.name", "precision": "precision.name", "seq_len": "seq_len", "batch": "batch",
@@ -53,9 +55,9 @@ def axes(results: list[CellResult]) -> list[str]:
     for group in GROUP_NAME_KEY:
         if len({choice(r, group) for r in results}) > 1:
             out.append(group)
-            # A group's key that only follows its option (backend=fast sets backend.pack) says nothing
+            # A key that only follows the group's option (backend=fast sets data.packing) says nothing
             # more; one swept within an option (backend.upcast_fp32=true,false) still tells cells apart.
-            varying = [k for k in varying if not k.startswith(group + ".")
+            varying = [k for k in varying if not (k.startswith(group + ".") or k in SET_BY_OPTION.get(group, ()))
                        or _varies_within(results, flats, group, k)]
     # the shape first, as a person reads a grid: seq_len x batch
     return out + sorted(varying, key=lambda k: (k not in SHAPE_ORDER, SHAPE_ORDER.index(k) if k in SHAPE_ORDER else 0, k))
@@ -314,6 +316,7 @@ def rows_kind(r: CellResult) -> str:
     c = r.config
     if c["data"]["kind"] == "synthetic":
         return "fixed-length"
+    # backend.pack: how results written before 2026-11-25 said that backend=fast packed
     return "packed" if c["data"].get("packing") or c.get("backend", {}).get("pack") else "padded"
 
 
@@ -376,7 +379,8 @@ def read_losses(r: CellResult) -> dict[int, float]:
 
 def _same_batches(axis: str) -> bool:
     # what a cell may change and still train on the same batches: the backend and its options (but
-    # backend.pack, which makes other rows), and which layers are recomputed or offloaded
+    # backend.pack, which made other rows in results written before 2026-11-25), and which layers are
+    # recomputed or offloaded
     return axis in ("backend", "train.checkpoint_fraction", "train.offload_fraction") or (
         axis.startswith("backend.") and axis != "backend.pack")
 

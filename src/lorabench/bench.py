@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import glob
 import json
+import logging
 import statistics
 import time
 from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
-from tqdm.auto import tqdm
 
 from lorabench import cell, modeling
 from lorabench.checks import check_model_path, check_precision
@@ -36,7 +36,25 @@ from lorabench.meter import NvmlSampler
 from lorabench.report import write_projection, write_report
 from lorabench.results import CellResult, RunContext, load_cells
 
+log = logging.getLogger(__name__)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch.float32, "fp32": torch.float32}
+
+
+class Progress:
+    """A long suite's items on the log, each as it starts: "[3/24] matmul fp32 2048 ... ETA 40 s".
+    The estimate is the mean time of the items done so far times the items left (items differ in
+    size, e.g. a matmul of 8192 costs 8^3 times one of 1024: a rough figure that firms up as it goes)."""
+
+    def __init__(self, total: int):
+        self.total, self.started, self.t0 = total, 0, time.perf_counter()
+
+    def __call__(self, label: str) -> None:
+        done, self.started = self.started, self.started + 1
+        eta = ""
+        if done:
+            left_s = (time.perf_counter() - self.t0) / done * (self.total - done)  # this item and those after
+            eta = f" ... ETA {left_s:.0f} s" if left_s < 120 else f" ... ETA {left_s / 60:.1f} min"
+        log.info("[%d/%d] %s%s", self.started, self.total, label, eta)
 
 
 class Timer:
@@ -134,13 +152,17 @@ def hardware(c: BenchConfig, ctx: RunContext, result: CellResult, logger: Metric
     sampler = NvmlSampler(device) if device.type == "cuda" else None
     if sampler:
         sampler.start()  # clocks, power and temperature while the figures are taken
-    out = matmul_rates(device, h, gpu)
+    # every matmul, the step GEMMs per token count, copy, elementwise, launch, and the host link (CUDA)
+    progress = Progress(len(h.dtypes) * len(h.sizes) + len(h.tokens) + 3 + 2 * (device.type == "cuda"))
+    out = matmul_rates(device, h, gpu, progress)
     # What a LoRA step of the model multiplies (model=...): the figure lorabench.projection scales by.
-    for tokens in tqdm(h.tokens, desc="step GEMMs", unit="shape"):
+    for tokens in h.tokens:
+        progress(f"step GEMMs of model={c.model.name} at {tokens} tokens")
         out[f"hw/gemm_t{tokens}_tflops"] = gemm_rate(device, h, c.model, tokens, DTYPES["bf16"])
         out[f"hw/gemm_t{tokens}_of_peak"] = fraction(out[f"hw/gemm_t{tokens}_tflops"], gpu.peak_bf16_tflops)
 
     # Device memory: a copy reads and writes every byte once.
+    progress(f"device copy of {h.copy_mib} MiB")
     nbytes = h.copy_mib * 2**20
     src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
@@ -149,12 +171,14 @@ def hardware(c: BenchConfig, ctx: RunContext, result: CellResult, logger: Metric
     del src, dst
     # An activation-sized elementwise op (the norms, casts and adds between the matmuls): a bf16 add
     # reads two tensors and writes one.
+    progress(f"elementwise add of {h.elementwise_mib} MiB")
     n = h.elementwise_mib * 2**20 // 2
     a, b = (torch.randn(n, device=device, dtype=torch.bfloat16) for _ in range(2))
     res = torch.empty_like(a)
     out["hw/elementwise_gbs"] = 3 * 2 * n / median_s(lambda: torch.add(a, b, out=res), device, h) / 1e9
     out["hw/elementwise_of_peak"] = fraction(out["hw/elementwise_gbs"], gpu.memory_bandwidth_gbs)
     del a, b, res
+    progress("launch latency")
     out["hw/launch_us"] = launch_us(device)
 
     if device.type == "cuda":  # the host link
@@ -163,6 +187,7 @@ def hardware(c: BenchConfig, ctx: RunContext, result: CellResult, logger: Metric
             host = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, pin_memory=pinned)
             dev = torch.empty(nbytes, dtype=torch.uint8, device=device)
             tag = "pinned" if pinned else "pageable"
+            progress(f"host link, {tag}, {h.host_mib} MiB each way")
             out[f"hw/h2d_{tag}_gbs"] = nbytes / median_s(lambda: dev.copy_(host, non_blocking=pinned), device, h) / 1e9
             out[f"hw/d2h_{tag}_gbs"] = nbytes / median_s(lambda: host.copy_(dev, non_blocking=pinned), device, h) / 1e9
             for d in ("h2d", "d2h"):
@@ -173,17 +198,18 @@ def hardware(c: BenchConfig, ctx: RunContext, result: CellResult, logger: Metric
     return out
 
 
-def matmul_rates(device: torch.device, h: HardwareConfig, gpu) -> dict:
+def matmul_rates(device: torch.device, h: HardwareConfig, gpu, progress: Progress) -> dict:
     """Square matmuls per dtype and size: TFLOP/s and the fraction of the datasheet peak."""
     peaks = {"bf16": gpu.peak_bf16_tflops, "fp16": gpu.peak_bf16_tflops, "tf32": gpu.peak_tf32_tflops,
              "fp32": gpu.peak_fp32_tflops}
     out = {}
-    for dtype in tqdm(h.dtypes, desc="matmul", unit="dtype"):
+    for dtype in h.dtypes:
         if dtype not in DTYPES:
             raise ValueError(f"hardware.dtypes: {dtype!r} is not one of {list(DTYPES)}")
         # tf32 is fp32 storage on the tensor cores; fp32 keeps the plain fp32 units.
         torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
         for n in h.sizes:
+            progress(f"matmul {dtype} {n}")
             a = torch.randn(n, n, device=device, dtype=DTYPES[dtype])
             b = torch.randn(n, n, device=device, dtype=DTYPES[dtype])
             tflops = 2 * n**3 / median_s(lambda: torch.mm(a, b), device, h) / 1e12  # n^2 outputs, n multiply-adds each
@@ -233,7 +259,9 @@ def inference(c: BenchConfig, ctx: RunContext, result: CellResult, logger: Metri
         model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
                        do_sample=False, pad_token_id=0)
 
-    for batch in tqdm(inf.batches, desc="generate", unit="batch size"):
+    progress = Progress(len(inf.batches))
+    for batch in inf.batches:
+        progress(f"generate at batch {batch}")
         def prompt(batch=batch):  # fresh random prompt tokens for every call
             return (torch.randint(1000, c.model.vocab_size, (batch, inf.prompt_len), device=device),)
 

@@ -10,24 +10,26 @@ from __future__ import annotations
 import gc
 import hashlib
 import logging
+import os
 import resource
 import sys
 import time
 import traceback
 from pathlib import Path
 from statistics import mean
-from typing import Callable
+from typing import Callable, NoReturn
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 from lorabench.analysis import summary_text
 from lorabench.devices import node_rank
-from lorabench.guard import JobRequeued
 from lorabench.loggers import MetricLogger, NullLogger, build_logger
 from lorabench.metrics import memory_stats
-from lorabench.results import (RESULT_FILE, CellInterrupted, CellResult, CellSkipped, RunContext, Status,
-                               env_info, load_results, read_cells, read_result, write_result)
+from lorabench.preemption import HANDLER as preemption
+from lorabench.preemption import JobRequeued, Stopped
+from lorabench.results import (EXIT_CODES, RESULT_FILE, CellInterrupted, CellResult, CellSkipped, RunContext,
+                               Status, env_info, load_results, read_cells, read_result, write_result)
 
 log = logging.getLogger(__name__)
 
@@ -89,10 +91,63 @@ def announce(ctx: RunContext) -> None:
     log.info("cell %d of %s: %s%s", ctx.job_num + 1, total or "?", ctx.name, eta)
 
 
+def record(result: CellResult, error_file: Path, measure: Callable[[], dict], keep_handlers: bool = False) -> None:
+    """measure() under lorabench.preemption's signal handlers; its metrics, or what stopped it, in
+    result.status and .error. The one place an exception becomes a status, for a cell (run, below)
+    and for a DDP rank (lorabench.worker) alike. JobRequeued alone passes through, once recorded: the
+    process then ends without a result for its launcher. keep_handlers: see Preemption.cell."""
+    try:
+        with preemption.cell(keep=keep_handlers):
+            result.metrics = measure()
+        result.status = Status.ok
+    except torch.OutOfMemoryError as e:
+        result.status, result.error = Status.oom, str(e).splitlines()[0]
+    except CellSkipped as e:
+        result.status, result.error = Status.skipped, str(e)
+    except (CellInterrupted, Stopped) as e:
+        result.status, result.error = Status.interrupted, str(e)
+    except KeyboardInterrupt:  # where no handler could be installed (a thread other than the main one)
+        result.status, result.error = Status.interrupted, "KeyboardInterrupt before the cell finished"
+    except JobRequeued as e:
+        result.status, result.error = Status.interrupted, str(e)
+        raise
+    except MemoryError as e:  # the host-memory estimate or watchdog (lorabench.guard), or Python's own
+        result.status, result.error = Status.oom, str(e) or "host memory: Python could not allocate (MemoryError)"
+    except Exception as e:
+        if is_host_oom(e):  # a CPU cell out of host memory is as much out of memory as a GPU cell
+            result.status, result.error = Status.oom, "host memory: " + str(e).splitlines()[0]
+        else:
+            result.status, result.error = Status.failed, f"{type(e).__name__}: {e}"
+            error_file.write_text(traceback.format_exc())
+            log.error("failed: %s (traceback in %s)", result.error, error_file)
+
+
+def end_sweep(cfg: DictConfig, ctx: RunContext) -> NoReturn:
+    """After SIGTERM or Ctrl-C in a multirun: no further cell starts (Hydra's launcher would start the
+    next one). The report and the closing `cells:` line now, as the multirun's end writes them, then
+    the process ends with the sweep's exit code."""
+    from lorabench.sweep import SweepSummary
+
+    log.warning("%s: the sweep stops here, no further cell starts (the same command with hydra.sweep.dir=%s "
+                "runs the rest)", preemption.signal_name, ctx.sweep_dir)
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(ctx.sweep_dir)}}})
+    for key in ("report", "logger"):
+        if key in cfg:
+            config[key] = cfg[key]
+    SweepSummary().on_multirun_end(config)  # exits with the sweep's code
+    sys.exit(EXIT_CODES[Status.interrupted])
+
+
 def run(cfg: DictConfig, ctx: RunContext, measure: Measure, job_type: str = "train-cell") -> CellResult:
     """Run `measure` as one cell. Every outcome is a result: a cell that runs out of memory or raises
     writes metrics.json with status "oom" or "failed" and the whole reason, and returns normally, so
-    a multirun goes on to the next cell (Hydra skips its end-of-sweep callbacks if any cell raises)."""
+    a multirun goes on to the next cell (Hydra skips its end-of-sweep callbacks if any cell raises).
+    After a stop signal a multirun goes on to no further cell (end_sweep)."""
+    # The multirun's cells run one after another in this process (Hydra's basic launcher); a submitit
+    # job is one cell in a process of its own, and its launcher decides what runs next.
+    sweep_here = ctx.multirun and not os.environ.get("SUBMITIT_EXECUTOR")
+    if sweep_here and preemption.requested:  # the signal came between two cells
+        end_sweep(cfg, ctx)
     run_dir = ctx.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     result_file = run_dir / RESULT_FILE
@@ -113,37 +168,25 @@ def run(cfg: DictConfig, ctx: RunContext, measure: Measure, job_type: str = "tra
     name_link(ctx)
     announce(ctx)
     logger: MetricLogger = NullLogger()
-    t_start = time.perf_counter()
-    try:
+
+    def work() -> dict:
+        nonlocal logger
         if result_file.name == RESULT_FILE:  # first, so that a cell failing a check still has its W&B run
             logger = build_logger(OmegaConf.to_object(cfg.logger), name=ctx.name, group=ctx.group,
                                   config=result.config, run_dir=str(run_dir), job_type=job_type)
         # The range checks (__post_init__) run here; type errors were already caught at composition.
-        result.metrics = measure(OmegaConf.to_object(cfg), ctx, result, logger)
-        result.status = Status.ok
-    except torch.OutOfMemoryError as e:
-        result.status, result.error = Status.oom, str(e).splitlines()[0]
-    except CellSkipped as e:
-        result.status, result.error = Status.skipped, str(e)
-    except CellInterrupted as e:
-        result.status, result.error = Status.interrupted, str(e)
-    except JobRequeued as e:  # recorded (finally), then the process ends without a result for its launcher
-        result.status, result.error = Status.interrupted, str(e)
-        raise
-    except MemoryError as e:  # the host-memory estimate or watchdog (lorabench.guard), or Python's own
-        result.status, result.error = Status.oom, str(e) or "host memory: Python could not allocate (MemoryError)"
-    except Exception as e:
-        if is_host_oom(e):  # a CPU cell out of host memory is as much out of memory as a GPU cell
-            result.status, result.error = Status.oom, "host memory: " + str(e).splitlines()[0]
-        else:
-            result.status, result.error = Status.failed, f"{type(e).__name__}: {e}"
-            (run_dir / "error.txt").write_text(traceback.format_exc())
-            log.error("cell failed: %s (traceback in %s)", result.error, run_dir / "error.txt")
+        return measure(OmegaConf.to_object(cfg), ctx, result, logger)
+
+    t_start = time.perf_counter()
+    try:
+        record(result, run_dir / "error.txt", work, keep_handlers=sweep_here)
     finally:
-        if result.status is Status.running:  # KeyboardInterrupt or SystemExit passing through
+        if result.status is Status.running:  # SystemExit passing through
             result.status, result.error = Status.interrupted, "interrupted before the cell finished"
         result.total_s = time.perf_counter() - t_start
         close(result, run_dir, result_file, logger)
+    if sweep_here and preemption.requested:
+        end_sweep(cfg, ctx)
     return result
 
 

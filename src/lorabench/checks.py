@@ -33,17 +33,14 @@ def check_values(c: Config) -> None:
     if unknown:
         raise ValueError(f"lora.target_modules={c.lora.target_modules}: {unknown} is not a linear layer of a "
                          f"Mistral model; use any of {list(MISTRAL_LINEAR)} or [all-linear]")
-    if c.data.kind is DataKind.synthetic and c.data.packing:
-        raise ValueError("data.packing=true with data=synthetic: synthetic rows are already exactly seq_len "
-                         "tokens, there is nothing to pack")
     b = c.backend
-    if b.name is Backend.unsloth and (b.liger or b.pack or b.compile or b.fused_lora or b.fused_mlp
+    if b.name is Backend.unsloth and (b.liger or b.compile or b.fused_lora or b.fused_mlp
                                       or b.fused_add_norm or b.varlen_attention or not b.upcast_fp32):
-        raise ValueError("backend=unsloth is Unsloth's recipe as it is: backend.liger=[], backend.pack=false, "
+        raise ValueError("backend=unsloth is Unsloth's recipe as it is: backend.liger=[], "
                          "backend.compile=false, backend.fused_lora=false, backend.fused_mlp=false, "
                          "backend.fused_add_norm=false, "
                          "backend.varlen_attention=false and "
-                         f"backend.upcast_fp32=true (got liger={list(b.liger)}, pack={b.pack}, compile={b.compile}, "
+                         f"backend.upcast_fp32=true (got liger={list(b.liger)}, compile={b.compile}, "
                          f"fused_lora={b.fused_lora}, fused_mlp={b.fused_mlp}, fused_add_norm={b.fused_add_norm}, "
                          f"varlen_attention={b.varlen_attention}, "
                          f"upcast_fp32={b.upcast_fp32})")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import textwrap
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -167,13 +168,13 @@ class OptimizerConfig:
     name: OptimizerName = MISSING
     lr: float = 2e-4
     schedule: Schedule = Schedule.constant_with_warmup
-    warmup_steps: int = 0  # learning-rate warmup (unrelated to train.timing_warmup_steps)
+    lr_warmup_steps: int = 0  # steps over which the learning rate rises from 0 (unrelated to train.untimed_steps)
     weight_decay: float = 0.0
     max_grad_norm: float = 0.3  # QLoRA paper's value
 
     def __post_init__(self) -> None:
         _positive("optimizer.lr", self.lr)
-        _non_negative("optimizer.warmup_steps", self.warmup_steps)
+        _non_negative("optimizer.lr_warmup_steps", self.lr_warmup_steps)
         _non_negative("optimizer.weight_decay", self.weight_decay)
         _non_negative("optimizer.max_grad_norm", self.max_grad_norm)  # 0 = no clipping
 
@@ -189,7 +190,9 @@ class DataConfig:
     seed: int = 0
     assistant_only: bool = True  # chat data: loss on the assistant turns only
     overlong: Overlong = Overlong.truncate  # samples longer than seq_len
-    packing: bool = False  # several samples per seq_len row, attention kept inside each sample
+    # Several samples per seq_len row, attention kept inside each sample. backend=fast sets it true
+    # (conf/backend/fast.yaml); data=synthetic's rows are exactly seq_len already and stay as they are.
+    packing: bool = False
     padding: Padding = Padding.longest
     num_workers: int = 0  # DataLoader worker processes
     pin_memory: bool = True
@@ -282,7 +285,7 @@ class TrainConfig:
     # autotuning, allocator growth and optimizer-state creation all happen in the first steps.
     # null = 5, or fewer for a short run (half of max_steps, rounded down): max_steps=5 times 3 steps.
     # A number set here must leave at least one step timed.
-    timing_warmup_steps: Optional[int] = None
+    untimed_steps: Optional[int] = None
     # Steps profiled with torch.profiler right after the warmup (0 = off); not timed. The cell's
     # result then holds the share of step time in matmul, dequant, attention, ... (lorabench.profile).
     profile_steps: int = 0
@@ -322,7 +325,7 @@ class TrainConfig:
     # Host memory the cell's processes may hold (GiB, resident); past it the cell stops, recorded oom.
     # null: what the process holds when training starts plus 90% of what the host has available.
     host_memory_limit_gib: Optional[float] = None
-    # After SIGTERM the current step may finish and write a checkpoint; a step still running this many
+    # After SIGTERM or Ctrl-C the current step may finish and write a checkpoint; a step still running this many
     # seconds after the signal is stopped where it is (no new checkpoint), so the cell ends in time.
     sigterm_grace_s: float = 10.0
 
@@ -342,20 +345,20 @@ class TrainConfig:
                              f" (train.checkpoint_fraction={self.checkpoint_fraction:g}), got {self.offload_fraction!r}")
         if self.save_steps < 0:
             raise ValueError(f"train.save_steps must be >= 0 (0 = no periodic checkpoint), got {self.save_steps}")
-        if self.timing_warmup_steps is not None and not 0 <= self.timing_warmup_steps < self.max_steps:
-            raise ValueError(f"train.timing_warmup_steps must be in [0, train.max_steps={self.max_steps}), "
-                             f"got {self.timing_warmup_steps}: no step would be timed (leave it unset and a "
+        if self.untimed_steps is not None and not 0 <= self.untimed_steps < self.max_steps:
+            raise ValueError(f"train.untimed_steps must be in [0, train.max_steps={self.max_steps}), "
+                             f"got {self.untimed_steps}: no step would be timed (leave it unset and a "
                              "short run times all but its first half)")
-        if not 0 <= self.profile_steps < self.max_steps - self.warmup_steps:
-            raise ValueError(f"train.profile_steps must be in [0, train.max_steps - warmup steps = "
-                             f"{self.max_steps} - {self.warmup_steps}), got {self.profile_steps}: "
+        if not 0 <= self.profile_steps < self.max_steps - self.untimed:
+            raise ValueError(f"train.profile_steps must be in [0, train.max_steps - untimed steps = "
+                             f"{self.max_steps} - {self.untimed}), got {self.profile_steps}: "
                              "profiled steps are not timed, so no step would be")
 
     @property
-    def warmup_steps(self) -> int:
-        """The untimed warmup steps: train.timing_warmup_steps, or when unset 5 (fewer for a short run)."""
-        if self.timing_warmup_steps is not None:
-            return self.timing_warmup_steps
+    def untimed(self) -> int:
+        """The untimed first steps: train.untimed_steps, or when unset 5 (fewer for a short run)."""
+        if self.untimed_steps is not None:
+            return self.untimed_steps
         return min(5, self.max_steps // 2)
 
 
@@ -413,9 +416,6 @@ class BackendConfig:
     # head) to fp32: the residual stream then runs in fp32 and every linear layer's input is cast back
     # to bf16. false keeps them in bf16 (LoRA adapters stay fp32 either way).
     upcast_fp32: bool = True
-    # Pack samples into full seq_len rows (as data.packing=true) wherever the data has padding to
-    # remove; fixed-length synthetic rows are full already and stay as they are.
-    pack: bool = False
     # torch.compile each decoder layer (fuses the elementwise work between the matmuls).
     compile: bool = False
     # Each layer's q/k/v and o projections with their LoRA adapters in one autograd Function
@@ -474,12 +474,23 @@ class BackendConfig:
 
 
 class Suite(Enum):
-    report = "report"  # the sweep report of a sweep dir
-    hardware = "hardware"  # matmul TFLOP/s, device memory and host link bandwidth
-    loading = "loading"  # time and memory to build or load the model at a precision
-    inference = "inference"  # generate() tokens/s, time to first token, per-token latency by batch
-    consistency = "consistency"  # spread of result files across nodes or GPUs against tolerances
-    project = "project"  # a measured sweep's cells projected onto other GPUs (lorabench.projection)
+    report = "report"
+    hardware = "hardware"
+    loading = "loading"
+    inference = "inference"
+    consistency = "consistency"
+    project = "project"
+
+
+SUITE_HELP = {  # (bench.py --help lists these)
+    Suite.report: "the sweep report of sweep_dir (the default suite)",
+    Suite.hardware: "matmul TFLOP/s per dtype and size, one LoRA step's GEMMs at the model's shapes, device "
+                    "memory, elementwise and host-link bandwidth, launch latency",
+    Suite.loading: "time and memory to build or load the model at a precision",
+    Suite.inference: "generate() tokens/s, time to first token, per-token latency by batch size",
+    Suite.consistency: "spread of result files across nodes or GPUs against tolerances",
+    Suite.project: "a measured sweep's cells projected onto other GPUs (lorabench.projection)",
+}
 
 
 @dataclass
@@ -543,7 +554,7 @@ HELP = """lorabench: train LoRA/QLoRA cells and record what each cost (non-pad t
 Examples:
   python train.py                                        the demo: tiny Mistral on the CPU
   python train.py -m seq_len=512,1024 batch=4,8          a 4-cell sweep and its report
-  python train.py train.max_steps=5                      a short run (2 warmup steps, 3 timed)
+  python train.py train.max_steps=5                      a short run (2 untimed steps, 3 timed)
   python train.py +experiment=seed_baseline              Mistral-7B nf4 on a GPU (the seed's cell)
   python train.py +experiment=fast_vs_hf gpu=a10         hf against the fast path in an A10's memory
   python bench.py sweep_dir=outputs/sweeps/<time>        the report of a sweep, again
@@ -553,7 +564,7 @@ Options, group=option (a multirun takes several: precision=nf4,bf16):
 {groups}
   +experiment=  {experiments}
 
-Keys: seq_len, batch, train.max_steps, train.timing_warmup_steps, train.gradient_checkpointing,
+Keys: seq_len, batch, train.max_steps, train.untimed_steps, train.gradient_checkpointing,
 train.checkpoint_fraction, train.nproc, lora.r, optimizer.lr, data.packing, gpu.price_per_hour,
 sweep.keep_going, report.dataset_samples ... (conf/train.yaml; the schemas: src/lorabench/config.py).
 
@@ -563,13 +574,73 @@ cell is ok, oom or skipped.
 """
 
 
+# Keys renamed or removed: given on the command line, train.py and bench.py stop with one line naming
+# the key to use instead (Hydra's own error would only say that the old key is unknown).
+RENAMED = {"train.timing_warmup_steps": "train.untimed_steps",
+           "optimizer.warmup_steps": "optimizer.lr_warmup_steps",
+           "backend.pack": "data.packing (backend=fast sets it)"}
+
+
+def renamed_key(args: list[str]) -> str | None:
+    """The one-line error for the first renamed key among command-line overrides, or None."""
+    for arg in args:
+        key = arg.lstrip("+~").split("=", 1)[0]
+        if key in RENAMED:
+            return f"{key} was renamed: use {RENAMED[key]}"
+    return None
+
+
+BENCH_HELP = """lorabench bench.py: measurements beside training, through the same model builders, and the
+report of a sweep. Each suite is one cell: metrics.json in its run dir, a multirun's report after.
+
+Suites (suite=...):
+{suites}
+
+Examples:
+  python bench.py suite=hardware                          matmul, memory and host-link bandwidth (GPU: ~1 min)
+  python bench.py suite=hardware hardware.sizes=[512] hardware.dtypes=[fp32] hardware.tokens=[256]
+                 hardware.copy_mib=64                     a short run on a CPU
+  python bench.py -m suite=loading model=mistral-7b-v0.3 precision=bf16,nf4,int8
+  python bench.py -m suite=inference model=mistral-7b-v0.3 precision=bf16,nf4
+  python bench.py suite=consistency 'consistency.inputs=[outputs/node*/metrics.json]'
+  python bench.py sweep_dir=outputs/sweeps/<time>        the report of a sweep (a partial one too)
+  python bench.py suite=project sweep_dir=outputs/sweeps/<time> target=[a10,h100]
+  python bench.py --cfg job                               the whole composed config
+
+Options, group=option (a multirun takes several: precision=nf4,bf16):
+{groups}
+
+Keys: suite, sweep_dir, device (auto, cpu, cuda), seed, hardware.sizes, hardware.dtypes, hardware.tokens,
+hardware.rep_ms, inference.batches, inference.prompt_len, inference.new_tokens, consistency.inputs,
+consistency.relative, target, measured, report.* (BenchConfig in src/lorabench/config.py).
+Long suites log each item with an estimate of the time left: [3/24] matmul fp32 2048 ... ETA 40 s.
+
+Exit codes: 0 ok; 1 bad command line (Hydra) or a consistency tolerance exceeded; 2 a cell failed;
+3 out of memory; 4 interrupted. A multirun exits 0 when every cell is ok, oom or skipped.
+"""
+# bench.py's own groups: the training-only ones (backend, data, lora, optimizer) are not read there.
+BENCH_GROUPS = ("model", "precision", "gpu", "logger")
+
+
+def group_lines(groups) -> str:
+    """One line per config group: its options in conf/ (the schemas Hydra lists as base_* are not options)."""
+    return "\n".join(f"  {g}=".ljust(14) + ", ".join(sorted(f.stem for f in (CONF_DIR / g).glob("*.yaml")))
+                     for g in groups)
+
+
 def help_text() -> str:
-    """`python train.py --help`: examples and the options of every group, read from conf/ (the
-    schemas Hydra lists as base_* are not options)."""
+    """`python train.py --help`: examples and the options of every group, read from conf/."""
     groups = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name not in ("hydra", "experiment", "diag"))
-    lines = [f"  {g}=".ljust(14) + ", ".join(sorted(f.stem for f in (CONF_DIR / g).glob("*.yaml"))) for g in groups]
     experiments = ", ".join(sorted(f.stem for f in (CONF_DIR / "experiment").glob("*.yaml")))
-    return HELP.format(groups="\n".join(lines), experiments=experiments)
+    return HELP.format(groups=group_lines(groups), experiments=experiments)
+
+
+def bench_help_text() -> str:
+    """`python bench.py --help`: its suites, examples and its own groups."""
+    width = max(len(s.value) for s in Suite)
+    suites = "\n".join(textwrap.fill(SUITE_HELP[s], 100, initial_indent=f"  {s.value.ljust(width)}  ",
+                                      subsequent_indent=" " * (width + 4)) for s in Suite)
+    return BENCH_HELP.format(suites=suites, groups=group_lines(BENCH_GROUPS))
 
 
 def register_configs() -> None:
@@ -583,6 +654,8 @@ def register_configs() -> None:
         cs.store(group=group, name=f"base_{group}", node=node)
     if not OmegaConf.has_resolver("lorabench_help"):
         OmegaConf.register_new_resolver("lorabench_help", help_text)
+    if not OmegaConf.has_resolver("lorabench_bench_help"):
+        OmegaConf.register_new_resolver("lorabench_bench_help", bench_help_text)
 
 
 register_configs()

@@ -366,9 +366,9 @@ class SyntheticTokens(torch.utils.data.Dataset):
 
 
 def packs(cfg: Config) -> bool:
-    """Whether this cell packs samples: data.packing, or a backend that packs (backend=fast) on data
-    with padding to remove (synthetic rows are exactly seq_len tokens already)."""
-    return cfg.data.packing or (cfg.backend.pack and cfg.data.kind is not DataKind.synthetic)
+    """Whether this cell packs samples: data.packing (backend=fast sets it), on data with padding to
+    remove (synthetic rows are exactly seq_len tokens already: they stay as they are)."""
+    return cfg.data.packing and cfg.data.kind is not DataKind.synthetic
 
 
 def build_dataset(cfg: Config, tokenizer):

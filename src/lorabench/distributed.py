@@ -35,7 +35,8 @@ from lorabench import data, modeling
 from lorabench.config import Config, GpuConfig, Pricing
 from lorabench.devices import node_rank
 from lorabench.metrics import summarize
-from lorabench.results import CellResult, Status, atomic_write_text, read_result
+from lorabench.preemption import HANDLER as preemption
+from lorabench.results import CellInterrupted, CellResult, Status, atomic_write_text, read_result
 
 log = logging.getLogger(__name__)
 CONFIG_FILE = "cell_config.yaml"
@@ -80,8 +81,9 @@ def launch(c: Config, run_dir: Path, result: CellResult) -> dict:
                "-m", "lorabench.worker", str(run_dir)]
     ranks_log = run_dir / ("ranks.log" if nodes == 1 else f"ranks.node{node}.log")
     log.info("launching %d ranks: %s (their output: %s)", n, " ".join(cmd), ranks_log)
-    with open(ranks_log, "w") as out:
-        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    with open(ranks_log, "w") as out, subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env) as proc:
+        with preemption.forwarding(proc):  # a signal stops the ranks as it stops a cell
+            proc.wait()
     if node > 0:
         result.dist = {"node": node, "nnodes": nodes, "note": "node 0's metrics.json holds every rank"}
         if proc.returncode != 0:
@@ -105,6 +107,8 @@ def launch(c: Config, run_dir: Path, result: CellResult) -> dict:
         msg = f"rank {first[0]} of {world}: {first[1].error}"
         if first[1].status is Status.oom:
             raise torch.OutOfMemoryError(msg)
+        if first[1].status is Status.interrupted:
+            raise CellInterrupted(msg)
         tail = ranks_log.read_text()[-2000:]
         raise RuntimeError(f"{msg} (torchrun exit code {proc.returncode}); end of {ranks_log.name}:\n{tail}")
     result.model, result.device, result.gpu = ranks[0].model, ranks[0].device, ranks[0].gpu

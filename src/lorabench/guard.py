@@ -4,11 +4,11 @@
                workers (psutil) every 0.1 s; past the limit it stops the step, and the cell is
                recorded `oom` with both figures, before the kernel's OOM killer ends the process
                and leaves no result;
-  SIGTERM      the current step may finish and write a checkpoint (lorabench.loop.Preemption); a step
-               that has not ended `grace_s` seconds after the signal is stopped where it is, so a cell
-               whose steps take minutes still ends within seconds, recorded `interrupted`.
+  a signal     (SIGTERM, Ctrl-C: lorabench.preemption) the current step may finish and write a
+               checkpoint; a step that has not ended `grace_s` seconds after the signal is stopped
+               here, so a cell whose steps take minutes still ends within seconds, recorded `interrupted`.
 
-Both stop the step the same way: the watchdog (or the SIGTERM timer) names an exception and sends
+Both stop the step the same way: the watchdog (or the signal's timer) names an exception and sends
 SIGUSR1 to the main thread, whose handler raises it there at the next Python instruction (between
 two operators), only while the guarded region runs; after it, a late signal does nothing.
 """
@@ -16,10 +16,7 @@ two operators), only while the guarded region runs; after it, a late signal does
 from __future__ import annotations
 
 import logging
-import os
-import re
 import signal
-import subprocess
 import threading
 
 import psutil
@@ -30,38 +27,6 @@ GIB = 2**30
 
 class HostMemoryExceeded(MemoryError):
     """The cell's process crossed its host-memory limit, or cannot fit in what the host has."""
-
-
-class StepAborted(Exception):
-    """A step stopped before its end (SIGTERM and the step outlived the grace period)."""
-
-
-class JobRequeued(SystemExit):
-    """This SLURM job runs again (scontrol requeue, a requeueing preemption, submitit's time-limit
-    requeue): the process ends here without handing a result to its launcher, so the multirun that
-    launched it keeps waiting for the job's next run, which resumes from the checkpoint just written."""
-
-    def __init__(self, message: str, code=4):
-        super().__init__(code)  # 4: an interrupted cell (README: exit codes); submitit's own where it exits
-        self.message = message
-
-    def __str__(self) -> str:
-        return self.message
-
-
-def slurm_requeued() -> bool:
-    """Whether SLURM has requeued this job since it started: `scontrol requeue` and a requeueing
-    preemption raise the job's restart count at once, before its processes get SIGTERM; a plain
-    scancel does not (seen on slurm-wlm 22.05, launchers/slurm-local.sh)."""
-    job = os.environ.get("SLURM_JOB_ID")
-    if not job:
-        return False
-    try:
-        out = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return False
-    m = re.search(r"\bRestarts=(\d+)", out)
-    return bool(m) and int(m.group(1)) > int(os.environ.get("SLURM_RESTART_COUNT") or 0)
 
 
 def rss_bytes(proc: psutil.Process) -> int:

@@ -1,16 +1,17 @@
-"""The training loop of one cell in this process (or one DDP rank): data, model, LoRA, the HF
-Trainer with the meter, and the metrics of its timed window. lorabench.train decides where a cell
-runs and calls `measure` here; lorabench.worker calls it in each rank's process."""
+"""The training loop of one cell in this process (or one DDP rank), as a list of steps, each one
+job: prepare the device, build the data, build the model, find the state to resume from, set up
+what watches the training, the Trainer's arguments, train, collect the metrics of the timed
+window. lorabench.train decides where a cell runs and calls `measure` here; lorabench.worker calls
+it in each rank's process."""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
-import signal
-import threading
 import time
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -18,16 +19,36 @@ from tqdm.auto import tqdm
 from transformers import PrinterCallback, TrainerCallback, TrainingArguments
 
 from lorabench import backends, checks, data, distributed, modeling
-from lorabench.config import Backend, Config, Precision
+from lorabench.config import Backend, Config, GpuConfig, Precision
 from lorabench.devices import setup_device
-from lorabench.guard import Guard, JobRequeued, StepAborted, slurm_requeued
+from lorabench.guard import Guard
 from lorabench.loggers import MetricLogger
 from lorabench.meter import MeasuredTrainer, NvmlSampler, StepMeter
 from lorabench.metrics import memory_stats, summarize
+from lorabench.preemption import HANDLER as preemption
 from lorabench.profile import StepProfiler
 from lorabench.results import CellInterrupted, CellResult, atomic_write_text
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class Resume:
+    """Where training starts: the newest complete checkpoint (None: step 0) and the step records
+    of the steps before it, kept in steps.jsonl."""
+    checkpoint: Path | None
+    earlier_steps: list
+
+
+@dataclass
+class Watch:
+    """What watches the training: the step meter, the NVML sampler (CUDA), the host-memory guard
+    and the profiler (rank 0 with train.profile_steps), and the Trainer callbacks they make up."""
+    meter: StepMeter
+    sampler: NvmlSampler | None
+    guard: Guard
+    profiler: StepProfiler | None
+    callbacks: list
 
 
 def measure(c: Config, run_dir: Path, result: CellResult, logger: MetricLogger, rank: int = 0) -> dict:
@@ -37,18 +58,48 @@ def measure(c: Config, run_dir: Path, result: CellResult, logger: MetricLogger, 
 
 
 def _measure(c: Config, run_dir: Path, result: CellResult, logger: MetricLogger, rank: int) -> dict:
+    device, gpu = prepare_device(c, result)
+    tokenizer, dataset, data_stats = build_data(c)  # before the model: bad input fails in seconds, not after a 7B load
+    model, params = build_model(c, device, result)
+    ckpt_dir = run_dir / "checkpoints"
+    steps_file = run_dir / ("steps.jsonl" if rank == 0 else f"steps.rank{rank}.jsonl")
+    resume = resume_state(c, ckpt_dir, steps_file, result)
+    watch = watch_training(c, device, run_dir, steps_file, resume, logger, rank)
+    trainer = MeasuredTrainer(model=model, args=training_arguments(c, device, ckpt_dir), train_dataset=dataset,
+                              data_collator=data.build_collator(c, tokenizer), callbacks=watch.callbacks,
+                              meter=watch.meter, flat_optimizer=c.backend.flat_optimizer,
+                              lean_step=c.backend.lean_step)
+    trainer.remove_callback(PrinterCallback)  # it prints every log dict; the bar shows them
+    train(c, trainer, resume, watch, ckpt_dir)
+    arch = flop_arch(model)
+    metrics = collect_metrics(c, device, gpu, model, params, arch, data_stats, watch)
+    # What the launcher of a DDP cell needs to add ranks up (see lorabench.distributed).
+    result.rank = {"steps": watch.meter.steps, "window_s": watch.meter.window_s, "params": params, "arch": arch,
+                   "data_stats": data_stats}
+    return metrics
+
+
+def prepare_device(c: Config, result: CellResult) -> tuple[torch.device, GpuConfig]:
+    """The cell's device and the GPU spec it is priced with; the checks that need the device; the seed."""
     device, gpu = setup_device(c.train.device, c.gpu, result)
     checks.check_device(c, device)
     backends.check(c, device)
     torch.manual_seed(c.train.seed)
+    return device, gpu
 
-    # ---- data: built before the model, so bad input fails in seconds, not after a 7B load
+
+def build_data(c: Config):
+    """(tokenizer, dataset, data stats): the cell's rows, tokenised (and packed with data.packing)."""
     tokenizer = modeling.build_tokenizer(c.model)
     dataset, data_stats = data.build_dataset(c, tokenizer)
     log.info("data: %s, %d %s, seq_len %d %s", c.data.kind.value, len(dataset),
              "packed rows" if data.packs(c) else "samples", c.seq_len, data_stats)
+    return tokenizer, dataset, data_stats
 
-    # ---- model: base weights at the cell's precision, then LoRA adapters
+
+def build_model(c: Config, device: torch.device, result: CellResult):
+    """(model, its parameter counts): base weights at the cell's precision, then LoRA adapters;
+    what was built goes into result.model."""
     t0 = time.perf_counter()
     model, weights, (checkpointed, offloaded) = build_trainable_model(c, device)
     load_s = time.perf_counter() - t0
@@ -59,37 +110,46 @@ def _measure(c: Config, run_dir: Path, result: CellResult, logger: MetricLogger,
              "%d layers checkpointed, %d offloaded", c.model.name, weights, c.precision.name.value, device,
              load_s, params["base_matmul"] / 1e6, params["trainable"] / 1e6, c.backend.name.value, checkpointed,
              offloaded)
+    return model, params
 
-    # ---- training: HF Trainer runs the seed's recipe; the meter times it
+
+def resume_state(c: Config, ckpt_dir: Path, steps_file: Path, result: CellResult) -> Resume:
+    """A re-run of a killed cell resumes from its newest complete checkpoint; the step records after
+    that checkpoint are dropped, those steps are trained again."""
+    last = last_checkpoint(ckpt_dir) if c.train.resume else None
+    if last is None:  # a run killed before its first checkpoint starts afresh: one history per file, never two
+        steps_file.unlink(missing_ok=True)
+        return Resume(None, [])
+    done = int(last.name.split("-")[-1])
+    earlier = [s for s in map(json.loads, steps_file.read_text().splitlines()) if s["step"] <= done] \
+        if steps_file.exists() else []
+    atomic_write_text(steps_file, "".join(json.dumps(s) + "\n" for s in earlier))
+    result.resumed_from_step = done
+    log.info("resuming from %s (%d step records kept)", last, len(earlier))
+    return Resume(last, earlier)
+
+
+def watch_training(c: Config, device: torch.device, run_dir: Path, steps_file: Path, resume: Resume,
+                   logger: MetricLogger, rank: int) -> Watch:
+    """The meter that times the steps after the untimed ones, the samplers, and the callbacks."""
     sampler = NvmlSampler(device) if device.type == "cuda" else None
-    # Untimed: the warmup steps, then the profiled ones (profiling slows a step down).
-    untimed = c.train.warmup_steps + c.train.profile_steps
-    log.info("timing: %d warmup steps%s, then %d timed", c.train.warmup_steps,
+    # Untimed: the first train.untimed_steps, then the profiled ones (profiling slows a step down).
+    untimed = c.train.untimed + c.train.profile_steps
+    log.info("timing: %d untimed steps%s, then %d timed", c.train.untimed,
              f" and {c.train.profile_steps} profiled" if c.train.profile_steps else "",
              c.train.max_steps - untimed)
-    steps_file = run_dir / ("steps.jsonl" if rank == 0 else f"steps.rank{rank}.jsonl")
-    # A re-run of a killed cell resumes from its newest complete checkpoint; the step records after
-    # that checkpoint are dropped, those steps are trained again.
-    ckpt_dir = run_dir / "checkpoints"
-    last = last_checkpoint(ckpt_dir) if c.train.resume else None
-    earlier = []
-    if last is not None:
-        done = int(last.name.split("-")[-1])
-        earlier = [s for s in map(json.loads, steps_file.read_text().splitlines()) if s["step"] <= done] \
-            if steps_file.exists() else []
-        atomic_write_text(steps_file, "".join(json.dumps(s) + "\n" for s in earlier))
-        result.resumed_from_step = done
-        log.info("resuming from %s (%d step records kept)", last, len(earlier))
-    else:  # a run killed before its first checkpoint starts afresh: one history per file, never two
-        steps_file.unlink(missing_ok=True)
-    meter = StepMeter(device, untimed, steps_file, sampler, logger.log_step, earlier_steps=earlier)
-    guard = Guard(c.train.host_memory_limit_gib)  # the host-memory watchdog; SIGTERM's grace period
-    preemption = Preemption(guard, c.train.sigterm_grace_s)
-    callbacks = [meter, preemption] + ([ProgressBar(c.train.max_steps, meter)] if rank == 0 else [])
-    profile = c.train.profile_steps and rank == 0  # one rank's profile: the others wait on it at the all-reduce
-    if profile:  # after the meter, whose step-end synchronisation it relies on
-        profiler = StepProfiler(device, c.train.warmup_steps, c.train.profile_steps, run_dir, meter)
-        callbacks.insert(1, profiler)
+    meter = StepMeter(device, untimed, steps_file, sampler, logger.log_step, earlier_steps=resume.earlier_steps)
+    guard = Guard(c.train.host_memory_limit_gib)  # the host-memory watchdog; a signal's grace period
+    callbacks = [meter, StopOnSignal()] + ([ProgressBar(c.train.max_steps, meter)] if rank == 0 else [])
+    profiler = None
+    if c.train.profile_steps and rank == 0:  # one rank's profile: the others wait on it at the all-reduce
+        profiler = StepProfiler(device, c.train.untimed, c.train.profile_steps, run_dir, meter)
+        callbacks.insert(1, profiler)  # after the meter, whose step-end synchronisation it relies on
+    return Watch(meter, sampler, guard, profiler, callbacks)
+
+
+def training_arguments(c: Config, device: torch.device, ckpt_dir: Path) -> TrainingArguments:
+    """The HF Trainer's arguments: the seed's recipe from the cell's config."""
     p = c.precision.name
     args = TrainingArguments(
         output_dir=str(ckpt_dir),
@@ -98,7 +158,7 @@ def _measure(c: Config, run_dir: Path, result: CellResult, logger: MetricLogger,
         max_steps=c.train.max_steps,
         learning_rate=c.optimizer.lr,
         lr_scheduler_type=c.optimizer.schedule.value,
-        warmup_steps=c.optimizer.warmup_steps,
+        warmup_steps=c.optimizer.lr_warmup_steps,
         weight_decay=c.optimizer.weight_decay,
         max_grad_norm=c.optimizer.max_grad_norm,
         optim=c.optimizer.name.value,
@@ -127,50 +187,50 @@ def _measure(c: Config, run_dir: Path, result: CellResult, logger: MetricLogger,
         # exactly the GPUs it asks for; the Trainer itself forces this for model-parallel models.
         assert args.device.index == device.index, (args.device, device)
         args._n_gpu = 1
-    trainer = MeasuredTrainer(model=model, args=args, train_dataset=dataset,
-                              data_collator=data.build_collator(c, tokenizer),
-                              callbacks=callbacks, meter=meter, flat_optimizer=c.backend.flat_optimizer,
-                              lean_step=c.backend.lean_step)
-    trainer.remove_callback(PrinterCallback)  # it prints every log dict; the bar shows them
-    aborted = False
+    return args
+
+
+def train(c: Config, trainer: MeasuredTrainer, resume: Resume, watch: Watch, ckpt_dir: Path) -> None:
+    """The Trainer's loop under the host-memory guard and lorabench.preemption; a signal ends it
+    with a checkpoint and CellInterrupted (or JobRequeued, where the job runs again)."""
     try:
-        with guard:
-            trainer.train(resume_from_checkpoint=str(last) if last else None)
-    except StepAborted:
-        aborted = True
+        with preemption.training(watch.guard, c.train.sigterm_grace_s), watch.guard:
+            trainer.train(resume_from_checkpoint=str(resume.checkpoint) if resume.checkpoint else None)
     finally:
-        meter.close()  # stops the NVML thread and closes steps.jsonl, also after an OOM
-        preemption.close()
-        if profile:
-            profiler.close()
+        watch.meter.close()  # stops the NVML thread and closes steps.jsonl, also after an OOM
+        if watch.profiler:
+            watch.profiler.close()
         # Under DDP another rank may still look into it: node 0's launcher removes it after all ranks.
         if int(os.environ.get("WORLD_SIZE", 1)) == 1:
             distributed.remove_empty(ckpt_dir)
-    if preemption.signalled:
-        step = meter.steps[-1]["step"] if meter.steps else 0
-        newest = last_checkpoint(ckpt_dir)
-        stopped = (f"the step after step {step} had not ended {c.train.sigterm_grace_s:g} s after the signal "
-                   f"(train.sigterm_grace_s) and was stopped; newest checkpoint: {newest.name if newest else 'none'}"
-                   if aborted else f"stopped after step {step} with a checkpoint in {ckpt_dir}")
+    if preemption.requested:
+        step = watch.meter.steps[-1]["step"] if watch.meter.steps else 0
+        stopped = preemption.stopped_message(step, last_checkpoint(ckpt_dir), ckpt_dir)
         preemption.hand_over(stopped)
         raise CellInterrupted(f"{preemption.signal_name}: {stopped}; run the same command again to resume")
 
-    arch = {"layers": model.config.num_hidden_layers, "heads": model.config.num_attention_heads,
+
+def flop_arch(model) -> dict:
+    """The model's shape as lorabench.metrics counts attention FLOPs with it."""
+    return {"layers": model.config.num_hidden_layers, "heads": model.config.num_attention_heads,
             "head_dim": model.config.head_dim}
-    metrics = summarize(meter.steps, meter.window_s, params, arch, gpu)
-    metrics["count/warmup_steps"] = c.train.warmup_steps
+
+
+def collect_metrics(c: Config, device: torch.device, gpu: GpuConfig, model, params: dict, arch: dict,
+                    data_stats: dict, watch: Watch) -> dict:
+    """The cell's metrics: the timed window's throughput, MFU and cost, the data, device and host
+    memory, offload, NVML and profile figures."""
+    metrics = summarize(watch.meter.steps, watch.meter.window_s, params, arch, gpu)
+    metrics["count/warmup_steps"] = c.train.untimed
     metrics.update(data_stats)
     metrics.update(memory_stats(device))
-    metrics["host/rss_peak_gib"] = guard.peak_gib  # this process and its workers, sampled every 0.1 s
+    metrics["host/rss_peak_gib"] = watch.guard.peak_gib  # this process and its workers, sampled every 0.1 s
     if getattr(model, "lorabench_offloader", None) is not None:  # train.offload_fraction > 0
         metrics.update(model.lorabench_offloader.metrics())
-    if sampler:
-        metrics.update(sampler.summary())
-    if profile:
-        metrics.update(profiler.result)
-    # What the launcher of a DDP cell needs to add ranks up (see lorabench.distributed).
-    result.rank = {"steps": meter.steps, "window_s": meter.window_s, "params": params, "arch": arch,
-                      "data_stats": data_stats}
+    if watch.sampler:
+        metrics.update(watch.sampler.summary())
+    if watch.profiler:
+        metrics.update(watch.profiler.result)
     return metrics
 
 
@@ -197,73 +257,14 @@ def last_checkpoint(ckpt_dir: Path) -> Path | None:
     return max(done, key=lambda p: int(p.name.split("-")[-1]), default=None)
 
 
-class Preemption(TrainerCallback):
-    """SIGTERM (a spot reclaim, a SLURM preemption or requeue, a Kubernetes eviction): finish the
-    current step, save a checkpoint and stop; a re-run of the same command resumes from it. A step
-    that has not ended `grace_s` after the signal is stopped where it is (through the guard), without
-    a new checkpoint: a cell whose steps take minutes still ends before the scheduler's kill.
-
-    In a submitit job (hydra/launcher=slurm or local) the time-limit signal (SUBMITIT_PREEMPT_SIGNAL,
-    USR2) is handled the same way, then handed to submitit, which requeues the job; and a SIGTERM
-    because SLURM requeued the job ends the process without a result (JobRequeued), so that the
-    multirun waits for the job's next run instead of reporting this one."""
-
-    def __init__(self, guard: Guard, grace_s: float):
-        self.guard, self.grace_s = guard, grace_s
-        self.signalled = self.time_limit = False
-        self.signal_name = "SIGTERM"
-        self._previous: dict = {}
-        self._timer: threading.Timer | None = None
-        self._submitit_signal = self._submitit_handler = None
-
-    def on_train_begin(self, args, state, control, **kw):
-        if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
-            return
-        self._previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._on_signal)
-        if os.environ.get("SUBMITIT_EXECUTOR"):
-            self._submitit_signal = getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"))
-            self._submitit_handler = signal.signal(self._submitit_signal, self._on_signal)
-            self._previous[self._submitit_signal] = self._submitit_handler
-
-    def _on_signal(self, signum, frame):
-        log.warning("%s: saving a checkpoint at the end of this step (or stopping it in %g s), then stopping",
-                    signal.Signals(signum).name, self.grace_s)
-        self.signalled = True
-        self.signal_name = signal.Signals(signum).name
-        self.time_limit |= signum == self._submitit_signal
-        if self._timer is None:
-            self._timer = threading.Timer(self.grace_s, self.guard.stop, args=(StepAborted("SIGTERM grace period over"),))
-            self._timer.daemon = True
-            self._timer.start()
+class StopOnSignal(TrainerCallback):
+    """lorabench.preemption's request, seen by the Trainer: after a signal, the step under way ends,
+    its checkpoint is written and the loop stops."""
 
     def on_step_end(self, args, state, control, **kw):
-        if self.signalled:
-            if self._timer is not None:
-                self._timer.cancel()  # the step ended in time: its checkpoint is written next
+        if preemption.should_stop():
             control.should_save = True
             control.should_training_stop = True
-
-    def hand_over(self, stopped: str) -> None:
-        """After the loop stopped on a signal: in a SLURM job that runs again, end the process
-        without a result (JobRequeued); otherwise return, and the cell is recorded interrupted."""
-        if self.time_limit and callable(self._submitit_handler):  # it checkpoints the launcher's job, requeues, exits
-            try:
-                self._submitit_handler(self._submitit_signal, None)
-            except SystemExit as e:  # its exit code tells submitit's local executor to start the job again
-                raise JobRequeued(f"time limit: submitit requeued the job; {stopped}; its next run resumes",
-                                  e.code) from None
-            except Exception as e:  # not requeued (timed out too often): recorded interrupted
-                log.warning("submitit did not requeue the job: %s", e)
-        elif slurm_requeued():
-            raise JobRequeued(f"SIGTERM: SLURM requeued job {os.environ['SLURM_JOB_ID']}; {stopped}; its next run "
-                              "resumes")
-
-    def close(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous = {}
 
 
 class ProgressBar(TrainerCallback):

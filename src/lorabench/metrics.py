@@ -1,6 +1,6 @@
 """What a cell measures, and how.
 
-Window: the first `train.timing_warmup_steps` optimizer steps are excluded from every figure; the
+Window: the first `train.untimed_steps` optimizer steps are excluded from every figure; the
 timed window runs from the end of the last warmup step to the end of the last step. The device is
 synchronised at each step boundary, so a step's time covers its data loading, forward, backward,
 optimizer step and logging, and nothing of a neighbour's.
@@ -50,7 +50,7 @@ def summarize(steps: list[dict], window_s: float, params: dict, arch: dict, gpu:
     """Throughput, FLOPs, cost and loss from the per-step records of the timed window."""
     timed = [s for s in steps if s["timed"]]
     if not timed:
-        raise RuntimeError("no timed step: train.max_steps must exceed train.timing_warmup_steps")
+        raise RuntimeError("no timed step: train.max_steps must exceed train.untimed_steps")
     tot = {k: sum(s[k] for s in timed) for k in ("tokens_nonpad", "tokens_total", "tokens_label", "samples",
                                                   "sum_len_sq")}
     times = [s["time_s"] for s in timed]

@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lorabench.checks import check_values
 from lorabench.config import Config, LoggerKind, ReportConfig
-from lorabench.results import CELLS_FILE, EXIT_CODES, MEASURED, Status, atomic_write_json, load_results
+from lorabench.results import CELLS_FILE, EXIT_CODES, MEASURED, Status, atomic_write_json, load_results, read_cells
 
 EXIT_INVALID = EXIT_CODES[Status.failed]
 
@@ -142,9 +142,13 @@ class SweepSummary(Callback):
 def tally(sweep_dir: Path) -> tuple[str, int]:
     """The multirun's last line (cells per status, the failed ones named) and its exit code."""
     results, incomplete = load_results(sweep_dir)
-    counts = Counter(r.status.value for r in results) + Counter({"no result": len(incomplete)})
+    # cells.json's cells without a dir: a signal stopped the sweep before them (lorabench.cell.end_sweep)
+    not_started = max(0, len(read_cells(sweep_dir)) - len(results) - len(incomplete))
+    counts = Counter(r.status.value for r in results) + Counter({"no result": len(incomplete),
+                                                                 "not started": not_started})
     bad = [r for r in results if r.status not in MEASURED]
-    line = f"cells: {len(results) + len(incomplete)} = " + ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+    line = f"cells: {len(results) + len(incomplete) + not_started} = " + ", ".join(
+        f"{n} {s}" for s, n in counts.items() if n)
     if bad or incomplete:
         line += "; not measured: " + "; ".join([f"{r.job_num} ({r.cell}): {r.status.value}" for r in bad]
                                                + [f"{p.name}: no result" for p in incomplete])

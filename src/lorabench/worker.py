@@ -1,6 +1,7 @@
 """One rank of a cell that lorabench.distributed launched (`python -m lorabench.worker <run dir>`,
 under torchrun, or alone for backend=unsloth): the cell from its resolved config, through the same
-lorabench.loop.measure as a cell in the Hydra process; rank<r>.json whatever happens.
+lorabench.loop.measure as a cell in the Hydra process; rank<r>.json whatever happens, its status
+from the same wrapper as a cell's (lorabench.cell.record): an exception gives the same status here.
 
 The launcher names this module only as a command; it imports nothing of the training code. Unsloth
 must be imported before transformers, so the training code is imported inside `worker`.
@@ -16,6 +17,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
+from lorabench.cell import record
 from lorabench.config import Backend, Config
 from lorabench.distributed import CONFIG_FILE
 from lorabench.loggers import NullLogger
@@ -33,7 +35,8 @@ def worker(run_dir: Path) -> None:
                         format=f"[rank {rank}] %(asctime)s %(name)s %(levelname)s %(message)s")
     c = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(run_dir / CONFIG_FILE)))
     result = CellResult(status=Status.running, cell=f"rank {rank}")
-    try:
+
+    def measure() -> dict:
         if c.backend.name is Backend.unsloth:
             # Unsloth writes the code it compiles to ./unsloth_compiled_cache unless told where.
             os.environ.setdefault("UNSLOTH_COMPILE_LOCATION",
@@ -41,15 +44,12 @@ def worker(run_dir: Path) -> None:
             import unsloth  # noqa: F401  (before transformers, as Unsloth asks: it patches it on import)
         from lorabench.loop import measure  # (after unsloth: it imports transformers)
 
-        result.metrics = measure(c, run_dir, result, NullLogger(), rank=rank)
-        result.status = Status.ok
-    except torch.OutOfMemoryError as e:
-        result.status, result.error = Status.oom, str(e).splitlines()[0]
-    except Exception as e:
-        result.status, result.error = Status.failed, f"{type(e).__name__}: {e}"
-        log.exception("rank %d failed", rank)
+        return measure(c, run_dir, result, NullLogger(), rank=rank)
+
+    try:
+        record(result, run_dir / f"error.rank{rank}.txt", measure)
     finally:
-        if result.status is Status.running:
+        if result.status is Status.running:  # SystemExit passing through
             result.status, result.error = Status.interrupted, "interrupted"
         if result.device and result.device.startswith("cuda"):
             result.metrics = {**memory_stats(torch.device(result.device)), **result.metrics}
