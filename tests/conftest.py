@@ -149,6 +149,41 @@ def read_steps(run_dir: Path) -> list[dict]:
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
+# Numeric tolerances follow from the arithmetic compared, never from one machine's rounding
+# (tests/README.md): a dtype's epsilon (one rounding, relative) times the roundings that can differ.
+EPS32 = torch.finfo(torch.float32).eps  # 2^-23 = 1.2e-7
+EPS64 = torch.finfo(torch.float64).eps  # 2^-52 = 2.2e-16
+EPS_BF16 = torch.finfo(torch.bfloat16).eps  # 2^-7 = 7.8e-3 (bf16 keeps 8 significant bits)
+# Mistral as transformers runs it rounds to fp32 on purpose even with float64 weights: in each of the
+# tiny model's 2 layers its two RMSNorms (hidden_states.to(torch.float32)) and the attention's softmax
+# (eager: dtype=torch.float32), then the final norm and the logits for the loss (ForCausalLMLoss:
+# logits.float()): 3 x 2 + 2 = 8 fp32 roundings on the longest forward path, and as many again on
+# the backward's way back to a LoRA gradient.
+FP32_CASTS = 2 * (3 * 2 + 2)
+# Two paths that compute the same function, compared in float64 (the `float64` fixture): their
+# different summation orders cost ~1e-16 per operation (1e-13 after 1,000 of them), so what can
+# differ is at most one fp32 rounding at each of those casts: 16 x 1.2e-7 = 1.9e-6, relative. (An
+# error of the formula, a missing term or scale, is of the order of the term itself.)
+SAME_MATH = FP32_CASTS * EPS32
+# bf16 on a GPU (its tests), where both paths compute in bf16 and round at different points: the loss
+# (a mean of per-token losses near ln(32768) = 10.4, from bf16 logits) within one bf16 step per side,
+# 2 x EPS_BF16 = 1.6%; a LoRA gradient (bf16 products summed over the tokens, through every layer
+# back) within 4 steps of its norm, 3.1%. A wrong formula is off by the order of the term itself.
+BF16_LOSS = 2 * EPS_BF16
+BF16_GRADS = 4 * EPS_BF16
+
+
+@pytest.fixture
+def float64(monkeypatch):
+    """precision=fp32 builds its models in float64 (weights, activations and LoRA gradients): for
+    comparisons of two paths that must compute the same function, where fp32's own rounding
+    (~1e-7 per operation, its summation order chosen by the CPU's BLAS kernels and thread count)
+    would otherwise be all that the comparison sees. Tolerance: SAME_MATH."""
+    from lorabench import modeling
+    from lorabench.config import Precision
+
+    monkeypatch.setitem(modeling.WEIGHT_DTYPE, Precision.fp32, torch.float64)
+
 
 
 def spy(monkeypatch, owner, name: str) -> list:

@@ -11,7 +11,7 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
-from conftest import compose_cfg, requires_cuda, spy
+from conftest import BF16_GRADS, BF16_LOSS, SAME_MATH, compose_cfg, requires_cuda, spy
 from lorabench import checks, fused
 from test_backends import assert_grads_close, lora_grads
 
@@ -42,22 +42,23 @@ def same_masks(monkeypatch):
 
 
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
-def test_fused_lora_matches_peft_on_cpu(same_masks, monkeypatch, dropout):
-    """fp32 on CPU, half the layers checkpointed (the recompute replays the masks): loss to 1e-6 and
-    every LoRA gradient to 1e-5 of its norm (fp32 round-off); with dropout 0.1 the masks take part.
+def test_fused_lora_matches_peft_on_cpu(same_masks, monkeypatch, float64, dropout):
+    """float64 on CPU, half the layers checkpointed (the recompute replays the masks): the loss and
+    every LoRA gradient (relative to its norm) within SAME_MATH; with dropout 0.1 the masks take part.
     Without dropout q, k and v's adapters share their thin GEMMs (one call per layer's q/k/v group)."""
     cpu = torch.device("cpu")
     opt = [f"lora.dropout={dropout}", "train.gradient_checkpointing=true", "train.checkpoint_fraction=0.5"]
     loss_peft, g_peft, _ = lora_grads(opt, cpu)
     merged = spy(monkeypatch, fused, "_merged_adapter_grads")
     loss_fused, g_fused, _ = lora_grads([*opt, "backend.fused_lora=true"], cpu)
-    assert loss_fused == pytest.approx(loss_peft, rel=1e-6)
-    assert_grads_close(g_fused, g_peft, 1e-5)
+    assert loss_fused == pytest.approx(loss_peft, rel=SAME_MATH)
+    assert_grads_close(g_fused, g_peft, SAME_MATH)
     assert len(merged) == (0 if dropout else 2)  # the tiny model's 2 layers
-    if dropout:  # with its own masks (torch's dropout kernel) it differs far beyond round-off
+    if dropout:  # with its own masks (torch's dropout kernel) it differs far beyond round-off:
+        # other masks change a tenth of each adapter's inputs, of the order of 10% of a gradient
         monkeypatch.setattr(fused, "_dropout", NATIVE_DROPOUT)
         _, g_other, _ = lora_grads([*opt, "backend.fused_lora=true"], cpu)
-        assert max((g_other[n] - g_peft[n]).norm() / g_peft[n].norm() for n in g_peft) > 1e-2
+        assert max((g_other[n] - g_peft[n]).norm() / g_peft[n].norm() for n in g_peft) > 1e4 * SAME_MATH
 
 
 def test_fused_lora_is_refused_with_int8_by_name():
@@ -80,8 +81,8 @@ def test_fused_lora_matches_peft_on_gpu_nf4(same_masks, dropout):
            "train.gradient_checkpointing=true", "train.checkpoint_fraction=0.5"]
     loss_peft, g_peft, _ = lora_grads(opt, cuda)
     loss_fused, g_fused, _ = lora_grads([*opt, "backend.fused_lora=true"], cuda)
-    assert loss_fused == pytest.approx(loss_peft, rel=1e-2)
-    assert_grads_close(g_fused, g_peft, 3e-2)
+    assert loss_fused == pytest.approx(loss_peft, rel=BF16_LOSS)
+    assert_grads_close(g_fused, g_peft, BF16_GRADS)
 
 
 @pytest.mark.gpu

@@ -2,7 +2,7 @@
 Skipped without CUDA."""
 
 import pytest
-from conftest import FAST, read_result, read_steps, requires_cuda, run_in_process
+from conftest import EPS64, FAST, read_result, read_steps, requires_cuda, run_in_process
 
 pytestmark = [pytest.mark.gpu, requires_cuda]
 
@@ -65,13 +65,17 @@ def test_sizing_sweep_on_cuda_finds_the_largest_batch(tmp_path):
     8 GiB; batch 1 fits (its logits are 0.125 GiB); batch 128 is then skipped without a model load."""
     from conftest import run_cli
 
-    run_cli("train.py", ["+experiment=gpu_sizing", "model=tiny", "precision=fp32", "optimizer=adamw_torch",
-                         "data=synthetic", "data.max_samples=512", "train.gradient_checkpointing=false",
-                         "gpu=a10", "gpu.match=[no-such-gpu]", "gpu.memory_gib=2", "seq_len=1024",
-                         "batch=1,64,128", f"hydra.sweep.dir={tmp_path}"])
+    proc = run_cli("train.py", ["+experiment=gpu_sizing", "model=tiny", "precision=fp32", "optimizer=adamw_torch",
+                                "data=synthetic", "data.max_samples=512", "train.gradient_checkpointing=false",
+                                "gpu=a10", "gpu.match=[no-such-gpu]", "gpu.memory_gib=2", "seq_len=1024",
+                                "batch=1,64,128", f"hydra.sweep.dir={tmp_path}"])
     results = [read_result(tmp_path / str(i)) for i in range(3)]
     assert [r["status"] for r in results] == ["ok", "oom", "skipped"], [r.get("error") for r in results]
-    assert "| 1024 | 1 |" in (tmp_path / "results.md").read_text()
+    # The multirun's end (lorabench.sweep.SweepSummary) writes the report into the sweep dir; where it
+    # cannot, it says why on stderr and the cells' results stand: that line is the failure's message.
+    report = tmp_path / "results.md"
+    assert report.is_file(), proc.stderr[-3000:]
+    assert "| 1024 | 1 |" in report.read_text()  # "What fits": seq 1024, largest batch 1
 
 
 def test_profile_on_cuda_attributes_kernels(tmp_path):
@@ -84,7 +88,7 @@ def test_profile_on_cuda_attributes_kernels(tmp_path):
                         "data.max_samples=64"], tmp_path)
     assert r.status.value == "ok", r.error
     m = r.metrics
-    assert sum(m[f"prof/{c}_ms"] for c in CATEGORIES) == pytest.approx(m["prof/step_ms"], rel=1e-9)
+    assert sum(m[f"prof/{c}_ms"] for c in CATEGORIES) == pytest.approx(m["prof/step_ms"], rel=1e6 * EPS64)
     assert abs(m["prof/step_ms"] - m["prof/measured_step_ms"]) <= 0.05 * m["prof/measured_step_ms"] + 2.0
     for c in ("matmul", "dequant", "attention", "elementwise", "loss", "optimizer"):
         assert m[f"prof/{c}_ms"] > 0, c
