@@ -184,7 +184,8 @@ class Search:
         return fixed + scale * L.gib_per_sample * b
 
     def fits_estimate(self, L: Layout, b: int) -> bool:
-        return self.budget is None or self.predict(L, b) <= self.budget * (1 - FIT_MARGIN)
+        margin = FIT_MARGIN if self.calibration() is None else FIT_MARGIN / 4  # measured peaks: a tighter start
+        return self.budget is None or self.predict(L, b) <= self.budget * (1 - margin)
 
     def estimated_oom(self, L: Layout, b: int) -> str | None:
         if self.budget is None or self.calibration() is None:
@@ -223,6 +224,7 @@ def search(space: Space, measure: Measure, log: Callable[[str], None] = lambda s
             st.out.stops[L.label] = "dominated"
             continue
         climb(st, L)
+        probe_plateau(st, L)
     best_and_why(st)
     return st.out
 
@@ -285,6 +287,31 @@ def climb(st: Search, L: Layout) -> None:
             st.out.stops[L.label] = stop
             return
         b = next(c for c in cands if c > b)
+
+
+def probe_plateau(st: Search, L: Layout) -> None:
+    """A layout whose climb met the memory wall after a single cell that fit says nothing about whether a
+    larger batch still pays, which is all that a layout saving more memory could buy: one cell a step
+    below tells, when some layout left to search saves more (a plateau then skips all of them) and the
+    cap leaves cells to spare."""
+    ok = st.done(L, "ok")
+    later = st.s.layouts[st.s.layouts.index(L) + 1:]
+    saving_more = [M for M in later if L.uses_no_less_than(M) and M.saves != L.saves]
+    # only with cells to spare: about two per layout left to search
+    if (len(ok) != 1 or not st.out.stops.get(L.label, "").startswith("oom boundary") or not saving_more
+            or st.cells_left() <= 2 * len(later)):
+        return
+    below = [b for b in st.s.batches if b < ok[0].batch]
+    if not below:
+        return
+    t = st.run(L, below[-1])
+    if t.status == "ok":
+        gain = ok[0].tok_s / t.tok_s - 1
+        if gain < st.s.plateau:
+            st.out.stops[L.label] = (f"plateau: b{t.batch} -> b{ok[0].batch} {100 * gain:+.1f}% tok/s "
+                                     f"(< {100 * st.s.plateau:g}%), and {st.out.stops[L.label]}")
+        else:
+            st.out.stops[L.label] += f" (tok/s still rising: b{t.batch} -> b{ok[0].batch} {100 * gain:+.1f}%)"
 
 
 def step_up(st: Search, L: Layout, t: Trial, cands: list[int]) -> str | None:
