@@ -50,7 +50,8 @@ def check_invariants(gpu, out, max_cells):
     assert len(gpu.calls) <= max_cells
     for i, (L, b, _) in enumerate(gpu.calls):
         for K, c, status in gpu.calls[:i]:
-            assert not (status == "oom" and c <= b and L.uses_no_less_than(K)), f"b{b} {L.label} implied OOM by b{c} {K.label}"
+            implied = status == "oom" and c <= b and L.uses_no_less_than(K)
+            assert not implied, f"b{b} {L.label} implied OOM by b{c} {K.label}"
     measured = [(t.layout, t.batch, t.status) for t in out.trials if t.job is not None]
     assert measured == [(L.label, b, s) for L, b, s in gpu.calls]
     assert all(t.reason for t in out.trials if t.job is None)
@@ -122,8 +123,8 @@ def test_search_end_to_end_on_cpu(tmp_path):
     """`train.py +experiment=tune` with the tiny model on the CPU, a 2 x 2 space: every cell it measured
     is a cell dir of the sweep, search.json lists them, and the report opens with the answer."""
     d = tmp_path / "sweep"
-    proc = run_cli("train.py", ["+experiment=tune", "backend=hf", "model=tiny", "precision=fp32", "optimizer=adamw_torch",
-                                "data=tiny_instruct", "gpu=cpu", "search.batches=[1,2]",
+    proc = run_cli("train.py", ["+experiment=tune", "backend=hf", "model=tiny", "precision=fp32",
+                                "optimizer=adamw_torch", "data=tiny_instruct", "gpu=cpu", "search.batches=[1,2]",
                                 "search.checkpoint_fractions=[1,0]", "search.offload_fractions=[0]", "seq_len=64",
                                 "train.max_steps=3", "train.timing_warmup_steps=1", "data.max_samples=16",
                                 f"hydra.sweep.dir={d}"])
@@ -173,9 +174,10 @@ def test_backends_table_and_answer_compare_best_against_best():
     searches = [record("backend=hf", hf, hf[1]), record("backend=fast", fast, fast[1])]
     searches[1].dropout_zero = [searches[1].trials[1].__class__("ckpt 0.5 offload 0", 24, "ok", 16000, 20.0, 4)]
     text = answer(results, searches)
-    assert text == ("On NVIDIA H100 80GB HBM3 (gpu=a10) within 22 GiB at seq 512: fastest is fast b24 ckpt 0.5 offload 0 "
-                    "at 15,300 non-pad tok/s, 2.04x the plain HF recipe's best (hf b16 ckpt 1 offload 0, 7,500 tok/s). "
-                    "With lora.dropout=0 (a change to the recipe): fast b24 ckpt 0.5 offload 0 at 16,000 tok/s, 2.13x.")
+    assert text == ("On NVIDIA H100 80GB HBM3 (gpu=a10) within 22 GiB at seq 512: fastest is fast b24 ckpt 0.5 "
+                    "offload 0 at 15,300 non-pad tok/s, 2.04x the plain HF recipe's best (hf b16 ckpt 1 offload 0, "
+                    "7,500 tok/s). With lora.dropout=0 (a change to the recipe): fast b24 ckpt 0.5 offload 0 at "
+                    "16,000 tok/s, 2.13x.")
     table = backend_table(results, ["backend", "batch"], searches)
     rows = {r.split(" | ")[1]: r.split(" | ") for r in table.splitlines()[2:]}
     assert rows["fast"][3:5] == ["b24 ckpt 0.5 offload 0", "searched: 2 cells measured, 0 skipped"]

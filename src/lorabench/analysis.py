@@ -394,8 +394,8 @@ def backend_table(results: list[CellResult], axes_: list[str], searches=()) -> s
                          num(m.get("mem/peak_reserved_gib"), ".2f"), money(m.get("cost/usd_per_1m_tokens")),
                          _ratio(best, hf_best(cells, kind, plain), searched, "no hf cell on these rows"),
                          _ratio(best, hf_best(cells, "padded", plain), searched, "-") if kind != "padded" else "-"])
-    return md_table(["group", "backend", "rows", "best: batch, layout", "how found", "tok/s non-pad", "at p50", "MFU %",
-                     "peak resv GiB", "$/1M tok", "x hf's best, same rows (at p50)",
+    return md_table(["group", "backend", "rows", "best: batch, layout", "how found", "tok/s non-pad", "at p50",
+                     "MFU %", "peak resv GiB", "$/1M tok", "x hf's best, same rows (at p50)",
                      "x hf's best on padded rows (data change mixed in)"], rows)
 
 
@@ -423,9 +423,11 @@ def answer(results: list[CellResult], searches) -> str:
         hf = max((r for _, r in items if r.config["backend"]["name"] == "hf" and _dropout(r) == plain),
                  key=lambda r: r.metrics[TOK], default=None)
         budget = s.budget_gib or best.metrics.get("mem/budget_gib")
-        where = (f"On {(best.gpu or {}).get('device_name') or best.config['gpu']['name']} (gpu={best.config['gpu']['name']})"
-                 f" within {f'{budget:g} GiB' if budget else 'its whole memory'} at seq {best.config['seq_len']}")
-        text = f"{where}: fastest is {best.config['backend']['name']} {layout_name(best)} at {best.metrics[TOK]:,.0f} non-pad tok/s"
+        gpu = best.config["gpu"]["name"]
+        where = (f"On {(best.gpu or {}).get('device_name') or gpu} (gpu={gpu}) within "
+                 f"{f'{budget:g} GiB' if budget else 'its whole memory'} at seq {best.config['seq_len']}")
+        text = (f"{where}: fastest is {best.config['backend']['name']} {layout_name(best)} at "
+                f"{best.metrics[TOK]:,.0f} non-pad tok/s")
         if hf is best:
             text += ", the plain HF recipe's own best"
         elif hf is not None:
@@ -451,8 +453,8 @@ def search_table(searches) -> str:
     if not rows:
         return ""
     whys = "\n".join(f"{s.name}: best {s.best.name() if s.best else 'none'}: {s.why}." for s in searches)
-    return md_table(["search", "cell", "batch, layout", "status", "tok/s non-pad", "peak resv GiB", "reason (skipped) or error"],
-                    rows) + "\n\n" + whys
+    return md_table(["search", "cell", "batch, layout", "status", "tok/s non-pad", "peak resv GiB",
+                     "reason (skipped) or error"], rows) + "\n\n" + whys
 
 
 def read_losses(r: CellResult) -> dict[int, float]:

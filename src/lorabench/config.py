@@ -374,7 +374,7 @@ class SearchConfig:
     """+experiment=tune (lorabench.search): each backend's fastest layout and batch within the GPU's memory."""
 
     max_cells: int = 12  # measured cells (OOM ones included) per outer cell, i.e. per backend
-    batches: List[int] = field(default_factory=lambda: [1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64])
+    batches: List[int] = field(default_factory=lambda: [1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128])
     # Layouts of backends but unsloth: recomputed x offloaded fraction of layers (summing to at most 1).
     checkpoint_fractions: List[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 1.0])
     offload_fractions: List[float] = field(default_factory=lambda: [0.0, 0.25])
@@ -573,6 +573,7 @@ Examples:
   python train.py train.max_steps=5                      a short run (2 warmup steps, 3 timed)
   python train.py +experiment=seed_baseline              Mistral-7B nf4 on a GPU (the seed's cell)
   python train.py +experiment=fast_vs_hf gpu=a10         hf against the fast path in an A10's memory
+  python train.py +experiment=tune backend=hf,fast gpu=a10  each backend's fastest layout in an A10's memory
   python bench.py sweep_dir=outputs/sweeps/<time>        the report of a sweep, again
   python train.py --cfg job                              the whole composed config
 

@@ -30,13 +30,15 @@ class Report:
     axes: list[str]
 
 
-def sections(results: list[CellResult], axes_: list[str], cfg: ReportConfig, curves, grid, searches) -> dict[str, str]:
+def sections(results: list[CellResult], axes_: list[str], cfg: ReportConfig, curves, grid,
+             searches) -> dict[str, str]:
     """The report's tables beyond the cells table, by title (empty ones left out)."""
     effects = an.knob_effects(results, axes_)
+    backends = an.backend_table(results, axes_, searches)
     out = {
         "Knob effects": "\n".join(f"- {an.sentence(e)}" for e in effects),
         "Spread over repeated cells (train.seed)": an.spread_table(results, axes_),
-        "Backends: each one's best against hf's best, same rows and budget": an.backend_table(results, axes_, searches),
+        "Backends: each one's best against hf's best, same rows and budget": backends,
         "Search: every cell tried per backend (search.json)": an.search_table(searches),
         "Loss curves against the reference cell (same data, same order)": an.loss_match_table(axes_, curves),
         "Where the step time goes (% of a profiled step)": an.bottleneck_table(results, axes_),

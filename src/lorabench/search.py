@@ -22,22 +22,30 @@ bisection gives the same cells on every run (a comparison between backends must 
 How cells are chosen (`search`):
   1. Layouts in order of expected speed at equal batch: the most layers kept first, then the fewest
      recomputed (an offloaded layer costs host-link time, a recomputed one a third of its compute).
-  2. Per layout, the first batch is the largest one the memory model (`estimate`: weights plus per-token
-     activations, calibrated on the cells already measured) puts within the budget; an OOM lowers it
-     (bisection guided by the recalibrated model), a cell that fits raises it by one step of the ladder
-     until an OOM, a known or estimated OOM, or a throughput that rose less than search.plateau.
+  2. Per layout, the first batch is the largest one the memory model (`fixed_gib` + `token_bytes`:
+     weights plus per-token activations, its line refitted on the peaks of the cells measured so far)
+     puts within the budget; an OOM lowers it (bisection guided by the refitted model), a cell that fits
+     raises it one step of the ladder until an OOM, a known or estimated OOM, or a throughput that rose
+     less than search.plateau. A layout that met the memory wall after one cell gets one cell a step
+     below, when cells are to spare, to learn whether a larger batch still pays (`probe_plateau`).
   3. A cell implied OOM by a measured one (no larger batch, a layout saving no more memory) is never
-     run: it is recorded as skipped with its witness. A layout is skipped when one that saves less
-     memory already reached its plateau or the top of the ladder (saving more memory only buys a larger
-     batch, which no longer pays), or when it would fit no larger batch than such a layout's best.
+     run: it is recorded as skipped with its witness, as is one the refitted model puts 10% over the
+     budget. A layout is skipped when one that saves less memory reached its plateau or the top of
+     the ladder (saving more memory only buys a larger batch, which no longer pays), or when it would
+     fit no larger batch than such a layout's best.
   4. The best is the fastest measured cell (non-pad tokens/s); search.json says why it won.
 With search.allow_dropout_zero=true the best layout is measured again with lora.dropout=0 (a second,
 labelled row: it changes the training recipe, so it is the user's call).
+
+Cells are launched one at a time: each choice depends on the cell before, and one GPU runs one cell at
+a time anyway. Being deterministic, the same command run again into the same sweep dir proposes the
+same cells with the same job numbers, and each one already ok is read back, not run (lorabench.cell).
+Hydra instantiates a sweeper only from under the hydra_plugins package: the class it names lives in
+src/hydra_plugins/lorabench_search and is this module's BudgetSearch.
 """
 
 from __future__ import annotations
 
-import math
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -344,7 +352,8 @@ def best_and_why(st: Search) -> None:
         st.out.why = f"no cell fitted or ran among the {n} measured"
         return
     best = st.out.best = ok[0]
-    why = f"fastest of {len(ok)} cells that ran ({n} measured, {len(st.out.trials) - n} skipped): {best.tok_s:,.0f} tok/s"
+    why = (f"fastest of {len(ok)} cells that ran ({n} measured, {len(st.out.trials) - n} skipped): "
+           f"{best.tok_s:,.0f} tok/s")
     if len(ok) > 1:
         why += f"; next {ok[1].name()} at {ok[1].tok_s:,.0f} ({100 * (ok[1].tok_s / best.tok_s - 1):+.1f}%)"
     stop = st.out.stops.get(best.layout)
@@ -455,9 +464,6 @@ class SearchRecord:
         return cls(**{**d, "trials": [trial(t) for t in d["trials"]], "best": trial(d.get("best")),
                       "dropout_zero": [trial(t) for t in d.get("dropout_zero", [])]})
 
-    def searched_jobs(self) -> set[int]:
-        return {t.job for t in self.trials + self.dropout_zero if t.job is not None}
-
 
 def write_searches(sweep_dir: Path, records: list[SearchRecord]) -> None:
     atomic_write_json(Path(sweep_dir) / SEARCH_FILE, {"searches": [asdict(r) for r in records]})
@@ -500,12 +506,12 @@ class BudgetSearch(Sweeper):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         cells = expand(arguments, OmegaConf.create(self.params), self.hydra_context.config_loader)
-        dropped = sorted({o.split("=")[0] for cell in cells for o in cell if o.split("=")[0].lstrip("+~") in SEARCH_KEYS})
-        if dropped:
-            print(f"search: {', '.join(dropped)} set by the search in every cell; the command line's value is not used "
-                  "(the candidates are search.batches, search.checkpoint_fractions, search.offload_fractions)",
+        key = lambda o: o.split("=")[0].lstrip("+~")  # noqa: E731
+        if dropped := sorted({key(o) for cell in cells for o in cell if key(o) in SEARCH_KEYS}):
+            print(f"search: {', '.join(dropped)} set by the search in every cell; the command line's value is not "
+                  "used (the candidates are search.batches, search.checkpoint_fractions, search.offload_fractions)",
                   file=sys.stderr)
-        outer = [[o for o in cell if o.split("=")[0].lstrip("+~") not in SEARCH_KEYS] for cell in cells]
+        outer = [list(c) for c in dict.fromkeys(tuple(o for o in cell if key(o) not in SEARCH_KEYS) for cell in cells)]
         records: list[SearchRecord] = []
         for cell in outer:
             records.append(self.search_one(cell, outer, sweep_dir))
@@ -535,7 +541,8 @@ class BudgetSearch(Sweeper):
         def measure(extra: tuple[str, ...] = ()) -> Measure:
             def run(L: Layout, b: int) -> Measured:
                 m = self.launch(cell + list(L.overrides) + [f"batch={b}", *extra], sweep_dir)
-                what = f"{m.tok_s:,.0f} tok/s" if m.status == "ok" else m.status + (f" ({m.error[:120]})" if m.error else "")
+                what = f"{m.tok_s:,.0f} tok/s" if m.status == "ok" else m.status
+                what += f" ({m.error[:120]})" if m.error and m.status != "ok" else ""
                 peak = f", peak {m.peak_gib:.1f} GiB" if m.peak_gib is not None else ""
                 print(f"[{name} {next(counter)}/{c.search.max_cells}] b{b} {L.label}{' '.join(('',) + extra)}: "
                       f"{what}{peak}", file=sys.stderr, flush=True)
@@ -548,7 +555,8 @@ class BudgetSearch(Sweeper):
         out = search(space, measure(), log)
         zero = []
         if c.search.allow_dropout_zero and c.lora.dropout > 0 and out.best:
-            zero = dropout_zero(space, out.best, measure(("lora.dropout=0",)), c.search.max_cells - space.max_cells, log)
+            zero = dropout_zero(space, out.best, measure(("lora.dropout=0",)), c.search.max_cells - space.max_cells,
+                                log)
         log(f"best: {out.best.name() if out.best else 'none'}: {out.why}")
         return SearchRecord(name, cell, c.backend.name.value, out.budget_gib, c.seq_len, c.search.max_cells,
                             out.trials, out.best, out.why, out.stops, zero)
@@ -559,7 +567,8 @@ class BudgetSearch(Sweeper):
 
         self.validate_batch_is_legal([overrides])
         # cells.json names the cells: each one by the overrides that differ between them (results.cell_name)
-        atomic_write_json(sweep_dir / CELLS_FILE, {"cells": read_cells(sweep_dir) + [overrides]})
+        known = read_cells(sweep_dir)  # (a re-run of the same command proposes the same cells: resumed, not repeated)
+        atomic_write_json(sweep_dir / CELLS_FILE, {"cells": known + ([overrides] if overrides not in known else [])})
         job, self.job = self.job, self.job + 1
         ret = self.launcher.launch([overrides], initial_job_idx=job)[0]
         self.returns.append(ret)
@@ -572,4 +581,5 @@ class BudgetSearch(Sweeper):
             return Measured("failed", job=job, error=f"no result in {run_dir}: {e}")
         m = r.metrics
         tok = m.get("perf/tokens_per_s") if r.ok else None
-        return Measured(r.status.value, tok, m.get("mem/peak_reserved_gib"), job, r.error, m.get("mem/device_total_gib"))
+        return Measured(r.status.value, tok, m.get("mem/peak_reserved_gib"), job, r.error,
+                        m.get("mem/device_total_gib"))
