@@ -188,3 +188,15 @@ def test_backends_table_and_answer_compare_best_against_best():
     assert bare["fast"][4] == "unsearched: fastest of 2 cells run"
     assert bare["fast"][10] == "2.04 (2.04) vs hf b16 ckpt 1 offload 0 (unsearched)"
     assert answer(results, []) == ""
+
+
+def test_two_failed_cells_in_a_row_stop_a_search():
+    calls = []
+
+    def measure(L, b):
+        calls.append(b)
+        return Measured("failed", job=len(calls) - 1, error="RuntimeError: needs a CUDA GPU")
+
+    out = search(Space(layouts(lambda r, o: 1.0), BATCHES, 22.0, 5.0), measure)
+    assert len(calls) == 2 and out.best is None
+    assert [t.status for t in out.trials] == ["failed", "failed"] and out.trials[0].reason.startswith("RuntimeError")

@@ -213,8 +213,12 @@ class Search:
         self.out.trials.append(t)
         if self.budget is None and m.device_gib:
             self.budget = self.out.budget_gib = m.device_gib
-        if m.status == "skipped":  # the backend cannot run here: every other cell would say the same
+        # A cell skipped (the backend is not installed) says the same of every other; two failures in a
+        # row (CUDA missing, a bad value) most likely too; an interrupted one means stop (SIGTERM).
+        failed = [x.status in ("failed", "interrupted") for x in self.out.trials if x.job is not None][-2:]
+        if m.status in ("skipped", "interrupted") or failed == [True, True]:
             self.stopped = True
+            self.log(f"search stopped: cell {t.job} {m.status}" + (" twice in a row" if m.status == "failed" else ""))
         return t
 
 
@@ -516,6 +520,8 @@ class BudgetSearch(Sweeper):
         for cell in outer:
             records.append(self.search_one(cell, outer, sweep_dir))
             write_searches(sweep_dir, records)
+            if any(t.status == "interrupted" for t in records[-1].trials):
+                break  # SIGTERM: the same command resumes (see above)
         return self.returns
 
     def compose(self, overrides: list[str]):
