@@ -394,6 +394,8 @@ def backend_table(results: list[CellResult], axes_: list[str], searches=()) -> s
                          num(m.get("mem/peak_reserved_gib"), ".2f"), money(m.get("cost/usd_per_1m_tokens")),
                          _ratio(best, hf_best(cells, kind, plain), searched, "no hf cell on these rows"),
                          _ratio(best, hf_best(cells, "padded", plain), searched, "-") if kind != "padded" else "-"])
+    if not rows:
+        return ""
     return md_table(["group", "backend", "rows", "best: batch, layout", "how found", "tok/s non-pad", "at p50",
                      "MFU %", "peak resv GiB", "$/1M tok", "x hf's best, same rows (at p50)",
                      "x hf's best on padded rows (data change mixed in)"], rows)

@@ -380,19 +380,25 @@ def dropout_zero(space: Space, best: Trial, measure: Measure, cells: int,
 # ---------------------------------------------------------------------------- the space of one outer cell
 
 def token_bytes(c) -> tuple[float, float, float]:
-    """Device bytes per token: (a layer that keeps its activations, a recomputed layer, what every
-    layout holds). A kept layer: checks.host_memory_need's per-layer term (4 x hidden + 2 x intermediate
-    values); a recomputed one keeps its input (the residual stream, fp32 under QLoRA's upcast); every
-    layout holds one layer's activations in its backward, and the logits and their gradient in fp32 unless
-    Liger's fused linear cross-entropy never makes them. An offloaded layer keeps ~nothing here."""
-    from lorabench.config import Precision
+    """Device bytes per token: (a layer that keeps its activations, a recomputed layer, what every layout
+    holds). A kept layer: checks.host_memory_need's per-layer term (4 x hidden + 2 x intermediate values);
+    a recomputed one keeps its input (the residual stream, fp32 under QLoRA's upcast, bf16 in Unsloth);
+    an offloaded one ~nothing. Every layout holds a layer's activations and their gradients in its
+    backward (2 x kept), and the loss's: none under Liger's fused linear cross-entropy, bf16 logits and
+    their gradient in Unsloth's, else fp32 logits, log-softmax and both gradients (4 x vocab x 4 B).
+    Against the measured lines at seq 512 (docs/performance.md: hf every layer recomputed 1.32 MB per
+    token, fast 0.55 MB, Unsloth offloaded 0.24 MB) this gives 1.20, 0.44 and 0.31 MB; the search refits
+    it on its own cells."""
+    from lorabench.config import Backend, Precision
 
     m, b = c.model, c.backend
     w = 4 if c.precision.name is Precision.fp32 else 2
+    unsloth = b.name is Backend.unsloth
     kept = (4 * m.hidden_size + 2 * m.intermediate_size) * w
-    recomputed = m.hidden_size * (4 if b.upcast_fp32 else w)
-    logits = 0 if "fused_linear_cross_entropy" in b.liger else 2 * m.vocab_size * 4
-    return kept, recomputed, kept + logits
+    recomputed = m.hidden_size * (4 if b.upcast_fp32 and not unsloth else w)
+    logits = (0 if "fused_linear_cross_entropy" in b.liger
+              else 2 * m.vocab_size * 2 if unsloth else 4 * m.vocab_size * 4)
+    return kept, recomputed, 2 * kept + logits
 
 
 def fixed_gib(c) -> float:
