@@ -200,3 +200,19 @@ def test_two_failed_cells_in_a_row_stop_a_search():
     out = search(Space(layouts(lambda r, o: 1.0), BATCHES, 22.0, 5.0), measure)
     assert len(calls) == 2 and out.best is None
     assert [t.status for t in out.trials] == ["failed", "failed"] and out.trials[0].reason.startswith("RuntimeError")
+
+
+def test_dropout_zero_measures_the_best_layout_again_and_one_batch_up():
+    """search.allow_dropout_zero: the best cell's layout at its batch, then one step up (dropout 0 keeps
+    no masks: a little less memory), within the cells left."""
+    from lorabench.search import dropout_zero
+
+    gpu = Gpu(budget=14.0)  # the best (ckpt 1, b32) below the top of the ladder
+    Ls = layouts(gpu.per_sample)
+    space = Space(Ls, BATCHES, gpu.budget, fixed_gib=6.0, max_cells=10)
+    out = search(space, gpu.measure)
+    n = len(gpu.calls)
+    zero = dropout_zero(space, out.best, gpu.measure, cells=2)
+    assert [(t.layout, t.batch) for t in zero] == [(out.best.layout, out.best.batch),
+                                                   (out.best.layout, BATCHES[BATCHES.index(out.best.batch) + 1])]
+    assert len(gpu.calls) == n + 2 and zero[1].status == "oom"  # the same GPU: one step up does not fit
