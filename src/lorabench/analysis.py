@@ -337,12 +337,12 @@ def _group(r: CellResult, axes=BACKEND_AXES) -> tuple:
 def layout_name(r: CellResult) -> str:
     """A cell's batch and layout, as the search names them: "b24 ckpt 0.5 offload 0.25",
     "b16 unsloth checkpointing offloaded"."""
-    t, b = r.config["train"], r.config["backend"]
+    t, b = r.config.get("train", {}), r.config["backend"]
+    frac, on = t.get("checkpoint_fraction", 1.0), t.get("gradient_checkpointing", True)  # (older results: no key)
     if b["name"] == "unsloth":
-        how = "off" if not t["gradient_checkpointing"] else "offloaded" if b.get("unsloth_offload", True) else "on"
-        frac = f" {t['checkpoint_fraction']:g}" if how != "off" and t["checkpoint_fraction"] != 1 else ""
-        return f"b{r.config['batch']} unsloth checkpointing {how}{frac}"
-    ckpt = t["checkpoint_fraction"] if t["gradient_checkpointing"] else 0
+        how = "off" if not on else "offloaded" if b.get("unsloth_offload", True) else "on"
+        return f"b{r.config['batch']} unsloth checkpointing {how}" + (f" {frac:g}" if on and frac != 1 else "")
+    ckpt = frac if on else 0
     return f"b{r.config['batch']} ckpt {ckpt:g} offload {t.get('offload_fraction', 0):g}"
 
 
