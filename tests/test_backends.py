@@ -226,7 +226,7 @@ def test_backend_sweep_report_compares_speed_and_loss_curves(tmp_path):
                            tmp_path / str(n))
         assert r.status.value == "ok", r.error
     md = write_report(tmp_path).markdown
-    assert "Backends: each one's best against hf's best" in md and "| reference |" not in md
+    assert "Backends: each one's fastest cell run against hf's (unsearched)" in md and "| reference |" not in md
     rows = {m.group(1): m.group(2) for m in re.finditer(r"\| gpu=\w+ \| (hf|fast) \| padded \| b4 ckpt 0.5 offload 0 \| "
                                                       r"unsearched: fastest of 1 cell run \|(?: [^|]+ \|){5} ([^|]+) \|", md)}
     # no search here: each backend's one cell against hf's, labelled unsearched

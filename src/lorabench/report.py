@@ -38,7 +38,8 @@ def sections(results: list[CellResult], axes_: list[str], cfg: ReportConfig, cur
     out = {
         "Knob effects": "\n".join(f"- {an.sentence(e)}" for e in effects),
         "Spread over repeated cells (train.seed)": an.spread_table(results, axes_),
-        "Backends: each one's best against hf's best, same rows and budget": backends,
+        ("Backends: each one's best against hf's best, same rows and budget" if searches else
+         "Backends: each one's fastest cell run against hf's (unsearched), same rows and budget"): backends,
         "Search: every cell tried per backend (search.json)": an.search_table(searches),
         "Loss curves against the reference cell (same data, same order)": an.loss_match_table(axes_, curves),
         "Where the step time goes (% of a profiled step)": an.bottleneck_table(results, axes_),
