@@ -232,11 +232,12 @@ def test_backend_sweep_report_compares_speed_and_loss_curves(tmp_path, float64):
                            tmp_path / str(n))
         assert r.status.value == "ok", r.error
     md = write_report(tmp_path).markdown
-    assert "Backends: each one's fastest cell" in md and "| reference |" not in md
-    rows = {m.group(1): m.group(2) for m in re.finditer(r"\| gpu=\w+ \| (hf|fast) \| padded \| 4, 0.5 \| [\d,]+ \|"
-                                                      r"(?: [^|]+ \|){4} ([^|]+) \|", md)}
-    assert rows == {"hf": "no hf seed cell on these rows", "fast": "no hf seed cell on these rows"}, rows
-    # (no hf cell checkpoints every layer here: no ratio, and no reference row either)
+    assert "Backends: each one's fastest cell run against hf's (unsearched)" in md and "| reference |" not in md
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"\| gpu=\w+ \| (hf|fast) \| padded \| b4 ckpt 0.5 offload 0 \| "
+                                                      r"unsearched: fastest of 1 cell run \|(?: [^|]+ \|){5} ([^|]+) \|", md)}
+    # no search here: each backend's one cell against hf's, labelled unsearched
+    assert set(rows) == {"hf", "fast"} and rows["hf"] == "1.00 (1.00) vs hf b4 ckpt 0.5 offload 0 (unsearched)", rows
+    assert re.fullmatch(r"[\d.]+ \([\d.]+\) vs hf b4 ckpt 0.5 offload 0 \(unsearched\)", rows["fast"]), rows
     table = md.split("Loss curves against the reference cell")[1]
     diff = re.search(r"\| backend=fast \| (\d+) \| ([\d.]+) \|", table)
     # The table's max abs diff has 4 decimals: the losses (~11) agree within SAME_MATH x 11 = 2e-5,

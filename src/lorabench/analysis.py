@@ -26,7 +26,8 @@ GROUP_NAME_KEY = {"model": "model.name", "precision": "precision.name", "backend
                   "optimizer": "optimizer.name", "data": "data.kind", "gpu": "gpu.name", "lora": None}
 # Keys a group's option sets outside its own package: backend=fast sets data.packing.
 SET_BY_OPTION = {"backend": ("data.packing",)}
-IGNORED_KEYS = ("data.cache_dir", "logger.", "model.path", "report.", "sweep.", "train.force", "train.resume")
+IGNORED_KEYS = ("data.cache_dir", "logger.", "model.path", "report.", "search.", "sweep.", "train.force",
+                "train.resume")
 # results.csv's config columns: what a user sweeps, under plain names.
 CONFIG_COLUMNS = {"model": "model.name", "precision": "precision.name", "seq_len": "seq_len", "batch": "batch",
                   "lora_r": "lora.r", "lora_alpha": "lora.alpha", "lora_dropout": "lora.dropout",
@@ -325,8 +326,10 @@ def p50_tokens_per_s(m: dict) -> float:
     return m["count/tokens_nonpad"] / m["count/timed_steps"] / m["perf/step_time_p50_s"]
 
 
-# What the backend comparison varies within one group of comparable cells.
-BACKEND_AXES = ("backend.", "batch", "train.checkpoint_fraction", "train.offload_fraction", "data.packing")
+# What the backend comparison varies within one group of comparable cells: the layout a search (or a
+# grid) chooses, and LoRA dropout 0 (search.allow_dropout_zero: a labelled row of its own).
+BACKEND_AXES = ("backend.", "batch", "train.gradient_checkpointing", "train.checkpoint_fraction",
+                "train.offload_fraction", "data.packing", "lora.dropout")
 
 
 def _group(r: CellResult, axes=BACKEND_AXES) -> tuple:
@@ -334,39 +337,130 @@ def _group(r: CellResult, axes=BACKEND_AXES) -> tuple:
                         if not k.startswith(tuple(axes)) and not k.startswith(IGNORED_KEYS)))
 
 
-def seed_cell(cells: list[CellResult], rows: str | None = None) -> CellResult | None:
-    """hf at its smallest batch with every layer checkpointed (the seed's recipe), on the given rows."""
-    return min((r for r in cells if r.config["backend"]["name"] == "hf" and r.config["train"]["checkpoint_fraction"] == 1
-                and (rows is None or rows_kind(r) == rows)), key=lambda r: r.config["batch"], default=None)
+def layout_name(r: CellResult) -> str:
+    """A cell's batch and layout, as the search names them: "b24 ckpt 0.5 offload 0.25",
+    "b16 unsloth checkpointing offloaded"."""
+    t, b = r.config.get("train", {}), r.config["backend"]
+    frac, on = t.get("checkpoint_fraction", 1.0), t.get("gradient_checkpointing", True)  # (older results: no key)
+    if b["name"] == "unsloth":
+        how = "off" if not on else "offloaded" if b.get("unsloth_offload", True) else "on"
+        return f"b{r.config['batch']} unsloth checkpointing {how}" + (f" {frac:g}" if on and frac != 1 else "")
+    ckpt = frac if on else 0
+    return f"b{r.config['batch']} ckpt {ckpt:g} offload {t.get('offload_fraction', 0):g}"
 
 
-def backend_table(results: list[CellResult], axes_: list[str]) -> str:
-    """Per group of otherwise equal cells (e.g. per GPU memory budget): each backend's fastest cell.
-    First ratio: against hf's seed cell on the same rows (both packed, or both fixed-length): equal
-    work, the kernels alone. Second: against hf's seed cell as the seed ran it (padded rows), which
-    mixes the data change (packing) with the kernel change; labelled so."""
+def _dropout(r: CellResult) -> float:
+    return r.config.get("lora", {}).get("dropout", 0.0)
+
+
+def hf_best(cells: list[CellResult], rows: str | None, dropout: float) -> CellResult | None:
+    """hf's fastest cell on the given rows at the recipe's LoRA dropout: the plain HF recipe's best."""
+    return max((r for r in cells if r.config["backend"]["name"] == "hf" and _dropout(r) == dropout
+                and (rows is None or rows_kind(r) == rows)), key=lambda r: r.metrics[TOK], default=None)
+
+
+def how_found(best: CellResult, own: list[CellResult], searched: dict) -> str:
+    """Whether a backend's best came out of a search (lorabench.search) or is the fastest of the cells
+    a grid happened to run (then never called best)."""
+    s = searched.get(best.job_num)
+    if s is None:
+        return f"unsearched: fastest of {len(own)} cell{'s' * (len(own) > 1)} run"
+    if any(t.job == best.job_num for t in s.dropout_zero):
+        return f"searched: the best layout again with lora.dropout=0 ({len(s.dropout_zero)} cells)"
+    n = sum(t.job is not None for t in s.trials)
+    return f"searched: {n} cells measured, {len(s.trials) - n} skipped"
+
+
+def backend_table(results: list[CellResult], axes_: list[str], searches=()) -> str:
+    """Per group of otherwise equal cells (a GPU memory budget, a seq_len): each backend's best cell,
+    its layout named, against hf's best on the same rows (both packed, or both fixed-length: equal work,
+    the kernels and layouts alone) and, where the backend packs and hf did not, against hf's best on
+    padded rows (the data change mixed in; labelled so). A best that no search found, and a ratio to
+    such an hf cell, say "unsearched". LoRA dropout 0 rows (search.allow_dropout_zero) are labelled."""
     if "backend" not in axes_:
         return ""
+    searched = {t.job: s for s in searches for t in s.trials + s.dropout_zero if t.job is not None}
     groups = defaultdict(list)
     for r in ok_cells(results):
         groups[_group(r)].append(r)
     rows = []
     for cells in groups.values():
-        gpu = cells[0].config["gpu"]["name"]
-        for name in dict.fromkeys(r.config["backend"]["name"] for r in cells):
-            best = max((r for r in cells if r.config["backend"]["name"] == name), key=lambda r: r.metrics[TOK])
+        plain = max(map(_dropout, cells))  # the recipe's dropout; a lower one is the opt-in extra row
+        for name, dropout in dict.fromkeys((r.config["backend"]["name"], _dropout(r)) for r in cells):
+            own = [r for r in cells if r.config["backend"]["name"] == name and _dropout(r) == dropout]
+            best = max(own, key=lambda r: r.metrics[TOK])
             m, kind = best.metrics, rows_kind(best)
-            same, as_is = seed_cell(cells, kind), seed_cell(cells, "padded") or seed_cell(cells)
-            ratio = (f"{m[TOK] / same.metrics[TOK]:.2f} ({p50_tokens_per_s(m) / p50_tokens_per_s(same.metrics):.2f})"
-                     if same else "no hf seed cell on these rows")
-            mixed = (f"{m[TOK] / as_is.metrics[TOK]:.2f} (hf {rows_kind(as_is)})"
-                     if as_is and rows_kind(as_is) != kind else "-")
-            rows.append([f"gpu={gpu}", name, kind, f"{best.config['batch']}, {best.config['train']['checkpoint_fraction']:g}",
-                         f"{m[TOK]:,.0f}", f"{p50_tokens_per_s(m):,.0f}", num(m.get("perf/mfu_pct"), ".1f"),
-                         num(m.get("mem/peak_reserved_gib"), ".2f"), money(m.get("cost/usd_per_1m_tokens")), ratio, mixed])
-    return md_table(["group", "backend", "rows", "best cell: batch, ckpt fraction", "tok/s non-pad", "at p50",
-                     "MFU %", "peak resv GiB", "$/1M tok", "x hf seed cell, same rows (at p50)",
-                     "x hf seed cell as the seed ran it (data change mixed in)"], rows)
+            rows.append([f"gpu={best.config['gpu']['name']}", name + ("" if dropout == plain else
+                                                                        f", lora.dropout={dropout:g} (recipe change)"),
+                         kind, layout_name(best), how_found(best, own, searched), f"{m[TOK]:,.0f}",
+                         f"{p50_tokens_per_s(m):,.0f}", num(m.get("perf/mfu_pct"), ".1f"),
+                         num(m.get("mem/peak_reserved_gib"), ".2f"), money(m.get("cost/usd_per_1m_tokens")),
+                         _ratio(best, hf_best(cells, kind, plain), searched, "no hf cell on these rows"),
+                         _ratio(best, hf_best(cells, "padded", plain), searched, "-") if kind != "padded" else "-"])
+    if not rows:
+        return ""
+    ref = "best" if searches else "fastest cell run"
+    return md_table(["group", "backend", "rows", f"{ref}: batch, layout", "how found", "tok/s non-pad", "at p50",
+                     "MFU %", "peak resv GiB", "$/1M tok", f"x hf's {ref}, same rows (at p50)",
+                     f"x hf's {ref} on padded rows (data change mixed in)"], rows)
+
+
+def _ratio(r: CellResult, ref: CellResult | None, searched: dict, none: str) -> str:
+    if ref is None:
+        return none
+    m, h = r.metrics, ref.metrics
+    text = f"{m[TOK] / h[TOK]:.2f} ({p50_tokens_per_s(m) / p50_tokens_per_s(h):.2f})"
+    return text + ("" if ref.job_num in searched else f" vs hf {layout_name(ref)} (unsearched)")
+
+
+def answer(results: list[CellResult], searches) -> str:
+    """The report's first lines, per group of searched cells (a budget, a seq_len): the fastest backend's
+    best layout and its ratio to the plain HF recipe's best (hf's searched best at the recipe's dropout)."""
+    by_job = {r.job_num: r for r in ok_cells(results)}
+    groups = defaultdict(list)
+    for s in searches:
+        for t in ([s.best] if s.best else []) + [t for t in s.dropout_zero if t.status == "ok"]:
+            if t.job in by_job:
+                groups[_group(by_job[t.job])].append((s, by_job[t.job]))
+    lines = []
+    for items in groups.values():
+        plain = max(_dropout(r) for _, r in items)
+        s, best = max(((s, r) for s, r in items if _dropout(r) == plain), key=lambda x: x[1].metrics[TOK])
+        hf = max((r for _, r in items if r.config["backend"]["name"] == "hf" and _dropout(r) == plain),
+                 key=lambda r: r.metrics[TOK], default=None)
+        budget = s.budget_gib or best.metrics.get("mem/budget_gib")
+        gpu = best.config["gpu"]["name"]
+        where = (f"On {(best.gpu or {}).get('device_name') or gpu} (gpu={gpu}) within "
+                 f"{f'{budget:g} GiB' if budget else 'its whole memory'} at seq {best.config['seq_len']}")
+        text = (f"{where}: fastest is {best.config['backend']['name']} {layout_name(best)} at "
+                f"{best.metrics[TOK]:,.0f} non-pad tok/s")
+        if hf is best:
+            text += ", the plain HF recipe's own best"
+        elif hf is not None:
+            text += (f", {best.metrics[TOK] / hf.metrics[TOK]:.2f}x the plain HF recipe's best (hf {layout_name(hf)}, "
+                     f"{hf.metrics[TOK]:,.0f} tok/s)")
+        else:
+            text += "; no hf search on these cells for the ratio (add backend=hf)"
+        zero = [r for _, r in items if _dropout(r) != plain]
+        if zero:
+            z = max(zero, key=lambda r: r.metrics[TOK])
+            text += (f". With lora.dropout={_dropout(z):g} (a change to the recipe): {z.config['backend']['name']} "
+                     f"{layout_name(z)} at {z.metrics[TOK]:,.0f} tok/s"
+                     + (f", {z.metrics[TOK] / hf.metrics[TOK]:.2f}x" if hf is not None else ""))
+        lines.append(text + ".")
+    return "\n\n".join(lines)
+
+
+def search_table(searches) -> str:
+    """Every cell each search tried (search.json), in order: measured ones with their job number (cell
+    dir), skipped ones with the reason; then each search's best and why it won."""
+    rows = [[s.name, "-" if t.job is None else t.job, t.name(), t.status, num(t.tok_s, ",.0f"), num(t.peak_gib, ".2f"),
+             t.reason[:160]] for s in searches for t in s.trials + s.dropout_zero]
+    if not rows:
+        return ""
+    whys = "\n".join(f"{s.name}: best {s.best.name() if s.best else 'none'}: {s.why}." for s in searches)
+    return md_table(["search", "cell", "batch, layout", "status", "tok/s non-pad", "peak resv GiB",
+                     "reason (skipped) or error"], rows) + "\n\n" + whys
 
 
 def read_losses(r: CellResult) -> dict[int, float]:

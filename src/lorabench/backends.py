@@ -205,7 +205,7 @@ def build_unsloth(c: Config, device: torch.device):
         load_in_16bit=p not in QUANTISED, full_finetuning=False,
         quantization_config=modeling.quantization_config(p, c.precision.double_quant),
         device_map={"": device}, local_files_only=True, random_state=c.train.seed,
-        use_gradient_checkpointing="unsloth" if c.train.gradient_checkpointing else False)
+        use_gradient_checkpointing=unsloth_checkpointing(c) if c.train.gradient_checkpointing else False)
     n_layers = model.config.num_hidden_layers
     checkpointed = round(c.train.checkpoint_fraction * n_layers) if c.train.gradient_checkpointing else 0
     targets = list(c.lora.target_modules)
@@ -214,10 +214,16 @@ def build_unsloth(c: Config, device: torch.device):
         target_modules="all-linear" if targets == ["all-linear"] else targets,
         # "unsloth": Unsloth's checkpointing (activations offloaded to host memory between passes);
         # checkpoint_skip_layers keeps the activations of that many layers, as checkpoint_fraction < 1.
-        use_gradient_checkpointing="unsloth" if checkpointed else False,
+        use_gradient_checkpointing=unsloth_checkpointing(c) if checkpointed else False,
         checkpoint_skip_layers=n_layers - checkpointed if checkpointed else 0,
         random_state=c.train.seed, max_seq_length=c.seq_len)
     return model, c.model.path or "random_init", (checkpointed, 0)
+
+
+def unsloth_checkpointing(c: Config) -> str | bool:
+    """Unsloth's use_gradient_checkpointing: "unsloth" offloads the checkpointed layers' inputs to host
+    memory, True is its plain (HF) checkpointing (backend.unsloth_offload)."""
+    return "unsloth" if c.backend.unsloth_offload else True
 
 
 def saved_random_init(c: Config, device: torch.device) -> Path:

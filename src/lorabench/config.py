@@ -373,6 +373,29 @@ class SweepConfig:
 
 
 @dataclass
+class SearchConfig:
+    """+experiment=tune (lorabench.search): each backend's fastest layout and batch within the GPU's memory."""
+
+    max_cells: int = 12  # measured cells (OOM ones included) per outer cell, i.e. per backend
+    batches: List[int] = field(default_factory=lambda: [1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128])
+    # Layouts of backends but unsloth: recomputed x offloaded fraction of layers (summing to at most 1).
+    checkpoint_fractions: List[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 1.0])
+    offload_fractions: List[float] = field(default_factory=lambda: [0.0, 0.25])
+    plateau: float = 0.03  # stop raising batch once non-pad tokens/s rose less than this
+    # Also measure the best layout with lora.dropout=0 (a second, labelled row: it changes the recipe).
+    allow_dropout_zero: bool = False
+
+    def __post_init__(self) -> None:
+        _positive("search.max_cells", self.max_cells)
+        _non_negative("search.plateau", self.plateau)
+        if not self.batches or any(b <= 0 for b in self.batches):
+            raise ValueError(f"search.batches must be positive batch sizes, got {list(self.batches)}")
+        for key in ("checkpoint_fractions", "offload_fractions"):
+            if not getattr(self, key) or any(not 0.0 <= f <= 1.0 for f in getattr(self, key)):
+                raise ValueError(f"search.{key} must be fractions in [0, 1], got {list(getattr(self, key))}")
+
+
+@dataclass
 class Config:
     # The two shape axes are plain integers, so any value works from the command line
     # (seq_len=768 batch=6) and `-m seq_len=512,1024 batch=4,8` sweeps them.
@@ -389,6 +412,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)
 
     def __post_init__(self) -> None:
         _positive("seq_len", self.seq_len)
@@ -465,6 +489,9 @@ class BackendConfig:
     # backward in the epilogue of the down projection's input-gradient GEMM (lorabench.grad_kernels):
     # dH never reaches memory.
     swiglu_in_gemm: bool = False
+    # backend=unsloth with train.gradient_checkpointing: Unsloth's own checkpointing, which offloads the
+    # checkpointed layers' inputs to host memory ("unsloth"), or with false its plain one (True).
+    unsloth_offload: bool = True
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.liger) - set(LIGER_OPS))
@@ -557,6 +584,7 @@ Examples:
   python train.py train.max_steps=5                      a short run (2 untimed steps, 3 timed)
   python train.py +experiment=seed_baseline              Mistral-7B nf4 on a GPU (the seed's cell)
   python train.py +experiment=fast_vs_hf gpu=a10         hf against the fast path in an A10's memory
+  python train.py +experiment=tune backend=hf,fast gpu=a10  each backend's fastest layout in an A10's memory
   python bench.py sweep_dir=outputs/sweeps/<time>        the report of a sweep, again
   python train.py --cfg job                              the whole composed config
 

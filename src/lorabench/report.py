@@ -19,6 +19,7 @@ from lorabench import projection as pj
 from lorabench.config import ReportConfig
 from lorabench.plots import gpu_projection, make_plots
 from lorabench.results import CellResult, Status, atomic_write_text, load_results
+from lorabench.search import load_searches
 
 
 @dataclass
@@ -29,13 +30,17 @@ class Report:
     axes: list[str]
 
 
-def sections(results: list[CellResult], axes_: list[str], cfg: ReportConfig, curves, grid) -> dict[str, str]:
+def sections(results: list[CellResult], axes_: list[str], cfg: ReportConfig, curves, grid,
+             searches) -> dict[str, str]:
     """The report's tables beyond the cells table, by title (empty ones left out)."""
     effects = an.knob_effects(results, axes_)
+    backends = an.backend_table(results, axes_, searches)
     out = {
         "Knob effects": "\n".join(f"- {an.sentence(e)}" for e in effects),
         "Spread over repeated cells (train.seed)": an.spread_table(results, axes_),
-        "Backends: each one's fastest cell against hf's seed cell": an.backend_table(results, axes_),
+        ("Backends: each one's best against hf's best, same rows and budget" if searches else
+         "Backends: each one's fastest cell run against hf's (unsearched), same rows and budget"): backends,
+        "Search: every cell tried per backend (search.json)": an.search_table(searches),
         "Loss curves against the reference cell (same data, same order)": an.loss_match_table(axes_, curves),
         "Where the step time goes (% of a profiled step)": an.bottleneck_table(results, axes_),
         "What fits (largest batch per seq_len)": an.fit_table(grid) if grid else "",
@@ -72,9 +77,12 @@ def write_report(sweep_dir: Path, cfg: ReportConfig | None = None) -> Report:
         notes.append("Cells differ in seq_len: samples/s is not comparable across them; compare non-pad tokens/s.")
     curves = an.loss_curves(results, axes_)  # each cell's steps.jsonl, read once for the table and the plot
     grid = an.fit_grid(results, axes_)
-    extra = sections(results, axes_, cfg, curves, grid)
+    searches = load_searches(sweep_dir)  # +experiment=tune's record of each backend's search
+    extra = sections(results, axes_, cfg, curves, grid, searches)
     shared = an.constants(results)
-    md = (f"All cells: {shared}.\n\n" if shared else "") + an.cells_table(results, axes_, cfg)
+    answer = an.answer(results, searches)
+    md = (f"Answer:\n\n{answer}\n\n" if answer else "") + (f"All cells: {shared}.\n\n" if shared else "")
+    md += an.cells_table(results, axes_, cfg)
     md += "".join(f"\n\n{n}" for n in notes) + "".join(f"\n\n{t}:\n\n{tab}" for t, tab in extra.items())
     plots = make_plots(results, axes_, cfg, sweep_dir / "plots", curves, grid)
     projected = write_projection(sweep_dir, results, [], [], cfg.dataset_samples) if cfg.project else None
@@ -85,7 +93,7 @@ def write_report(sweep_dir: Path, cfg: ReportConfig | None = None) -> Report:
         plots.update({p.stem: p for p in projected.files if p.suffix == ".png"})
     files = {"results.md": md + "\n",
              "results.csv": an.frame(results, cfg, incomplete).to_csv(index=False),
-             "report.html": page(sweep_dir, results, axes_, notes, extra, plots, cfg)}
+             "report.html": page(sweep_dir, results, axes_, notes, extra, plots, cfg, answer)}
     for name, text in files.items():
         atomic_write_text(sweep_dir / name, text)
     tables = [f for f in projected.files if f.suffix != ".png"] if projected else []  # its plot is among plots
@@ -156,7 +164,7 @@ def row_class(row: list[str]) -> str:
     return f" class='{word}'" if word in {s.value for s in Status} else ""
 
 
-def page(sweep_dir: Path, results, axes_, notes, extra, plots, cfg) -> str:
+def page(sweep_dir: Path, results, axes_, notes, extra, plots, cfg, answer: str = "") -> str:
     imgs = "".join(f"<figure><img alt='{name}' src='data:image/png;base64,"
                    f"{base64.b64encode(path.read_bytes()).decode()}'><figcaption>{name}</figcaption></figure>"
                    for name, path in plots.items())
@@ -167,6 +175,7 @@ td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right}}td:nth-child(-n+2
 p.note{{font-size:12px;color:#444}}tr.oom td,tr.skipped td{{background:#fbe3e4}}tr.failed td{{background:#eee}}
 tr.interrupted td{{background:#fdebd3}}img{{max-width:100%}}figure{{margin:1em 0}}</style></head><body>
 <h1>Sweep {html.escape(sweep_dir.name)}</h1>
+{f"<h2>Answer</h2>{md_to_html(answer)}" if answer else ""}
 <p>{len(results)} cells{html.escape(f" ({shared})" if shared else "")}; they differ in:
 {html.escape(", ".join(axes_) or "nothing (one configuration)")}.
 Non-pad tokens/s counts real tokens only, over the timed steps (warmup excluded).</p>

@@ -1,0 +1,597 @@
+"""Each backend at its best within a memory budget: a small deterministic search over layout x batch.
+
+    python train.py +experiment=tune backend=hf,unsloth,fast gpu=a10 seq_len=512
+
+The user's overrides form the outer grid (one cell per backend here, expanded as Hydra's basic sweeper
+does, lorabench.sweep.expand). For each outer cell the search measures at most search.max_cells cells
+of its layout space, launched one at a time through the configured Hydra launcher, each an ordinary
+cell dir of the sweep (so the report reads it):
+
+  layouts   hf, fast (any backend but unsloth): recomputed fraction of layers (search.checkpoint_fractions)
+            x offloaded fraction (search.offload_fractions, where the two add up to at most 1);
+            unsloth: its own checkpointing off / on (plain) / offloaded (backend.unsloth_offload).
+  batch     search.batches, per layout.
+
+Why a deterministic search and not a TPE sampler (hydra-optuna-sweeper): memory is monotone in what we
+search (a larger batch, or a layout that recomputes and offloads no more layers, never uses less), so
+one OOM cell rules out a whole corner of the grid and one cell that fits rules in another; an OOM cell
+costs a model load like a measured one, and TPE, which sees only a score, would keep sampling that
+corner. Twelve trials are too few for TPE's model to beat a bisection that knows the structure, and a
+bisection gives the same cells on every run (a comparison between backends must be reproducible).
+
+How cells are chosen (`search`):
+  1. Layouts in order of expected speed at equal batch: the most layers kept first, then the fewest
+     recomputed (an offloaded layer costs host-link time, a recomputed one a third of its compute).
+  2. Per layout, the first batch is the largest one the memory model (`fixed_gib` + `token_bytes`:
+     weights plus per-token activations, its line refitted on the peaks of the cells measured so far)
+     puts within the budget; an OOM lowers it (bisection guided by the refitted model), a cell that fits
+     raises it one step of the ladder until an OOM, a known or estimated OOM, or a throughput that rose
+     less than search.plateau. A layout that met the memory wall after one cell gets one cell a step
+     below, when cells are to spare, to learn whether a larger batch still pays (`probe_plateau`).
+  3. A cell implied OOM by a measured one (no larger batch, a layout saving no more memory) is never
+     run: it is recorded as skipped with its witness, as is one the refitted model puts 10% over the
+     budget. A layout is skipped when one that saves less memory reached its plateau or the top of
+     the ladder (saving more memory only buys a larger batch, which no longer pays), or when it would
+     fit no larger batch than such a layout's best.
+  4. The best is the fastest measured cell (non-pad tokens/s); search.json says why it won.
+With search.allow_dropout_zero=true the best layout is measured again with lora.dropout=0 (a second,
+labelled row: it changes the training recipe, so it is the user's call).
+
+Cells are launched one at a time: each choice depends on the cell before, and one GPU runs one cell at
+a time anyway. Being deterministic, the same command run again into the same sweep dir proposes the
+same cells with the same job numbers, and each one already ok is read back, not run (lorabench.cell).
+Hydra instantiates a sweeper only from under the hydra_plugins package: the class it names lives in
+src/hydra_plugins/lorabench_search and is this module's BudgetSearch.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+from hydra.plugins.sweeper import Sweeper
+
+from lorabench.results import CELLS_FILE, RESULT_FILE, atomic_write_json, read_cells, read_result
+
+SEARCH_FILE = "search.json"
+GIB = 2**30
+FIT_MARGIN = 0.02  # a batch is started on when the model puts it this far under the budget
+SKIP_MARGIN = 0.10  # and skipped on the model's word only when it puts it this far over (once calibrated)
+# The keys a search sets in each cell: an outer override of one of them would be overwritten.
+SEARCH_KEYS = ("batch", "train.gradient_checkpointing", "train.checkpoint_fraction", "train.offload_fraction",
+               "backend.unsloth_offload")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Which layers recompute or offload their activations, as cell overrides."""
+
+    label: str  # "ckpt 0.5 offload 0.25", "unsloth offloaded"
+    overrides: tuple[str, ...]
+    saves: tuple[float, float]  # (recomputed, offloaded) fractions of layers: more of either never uses more memory
+    gib_per_sample: float  # the estimate's activation memory per sample at this layout (GiB)
+
+    def uses_no_less_than(self, other: "Layout") -> bool:
+        """At the same batch this layout needs at least the memory of `other` (it saves no more)."""
+        return all(a <= b + 1e-9 for a, b in zip(self.saves, other.saves))
+
+
+@dataclass
+class Measured:
+    """What one launched cell gave back."""
+
+    status: str  # ok, oom, skipped, failed, interrupted
+    tok_s: Optional[float] = None  # perf/tokens_per_s (non-pad)
+    peak_gib: Optional[float] = None  # mem/peak_reserved_gib
+    job: Optional[int] = None  # its job number (cell dir) in the sweep
+    error: Optional[str] = None
+    device_gib: Optional[float] = None  # mem/device_total_gib: the budget when the gpu option names none
+
+
+@dataclass
+class Trial:
+    """One cell the search considered: measured (job set) or skipped without a model load (reason)."""
+
+    layout: str
+    batch: Optional[int]
+    status: str
+    tok_s: Optional[float] = None
+    peak_gib: Optional[float] = None
+    job: Optional[int] = None
+    reason: str = ""
+
+    def name(self) -> str:
+        return f"b{self.batch} {self.layout}" if self.batch else self.layout
+
+
+@dataclass
+class Space:
+    layouts: list[Layout]  # in search order (fastest per step first)
+    batches: list[int]  # ascending
+    budget_gib: Optional[float]  # None: unknown until a cell reports its device's memory
+    fixed_gib: float  # the estimate's memory that does not grow with batch
+    max_cells: int = 12
+    plateau: float = 0.03
+
+
+@dataclass
+class Outcome:
+    trials: list[Trial] = field(default_factory=list)
+    best: Optional[Trial] = None
+    why: str = ""
+    stops: dict = field(default_factory=dict)  # layout label -> why its climb ended
+    budget_gib: Optional[float] = None
+
+
+Measure = Callable[[Layout, int], Measured]
+
+
+class Search:
+    """The search's state over one outer cell: every trial, the memory model, each layout's end."""
+
+    def __init__(self, space: Space, measure: Measure, log: Callable[[str], None] = lambda s: None):
+        self.s, self.measure, self.log = space, measure, log
+        self.out = Outcome()
+        self.by_label = {L.label: L for L in space.layouts}
+        self.budget = self.out.budget_gib = space.budget_gib
+        self.stopped = False  # the backend cannot run here (skipped cell, e.g. not installed)
+
+    # ------------------------------------------------------------------ what is known
+    def done(self, L: Layout, status: str | None = None) -> list[Trial]:
+        return [t for t in self.out.trials if t.layout == L.label and t.job is not None
+                and (status is None or t.status == status)]
+
+    def implied_oom(self, L: Layout, b: int) -> Trial | None:
+        """A measured OOM at no larger batch with a layout that saves no less memory than L."""
+        return next((t for t in self.out.trials if t.status == "oom" and t.job is not None and t.batch <= b
+                     and L.uses_no_less_than(self.by_label[t.layout])), None)
+
+    def implied_fit(self, L: Layout) -> int:
+        """The largest batch L is known to fit: an ok cell at no smaller batch saving no more memory."""
+        return max((t.batch for t in self.out.trials if t.status == "ok" and t.job is not None
+                    and self.by_label[t.layout].uses_no_less_than(L)), default=0)
+
+    def cells_left(self) -> int:
+        return self.s.max_cells - sum(t.job is not None for t in self.out.trials)
+
+    # ------------------------------------------------------------------ the memory model
+    def calibration(self) -> tuple[float, float] | None:
+        """(fixed GiB, scale of the per-sample estimate) from the ok cells' peaks: a least-squares line
+        over (estimated activations, peak) when two or more differ, else the estimate's fixed part
+        and the scale through the one point; every OOM cell then held above the budget."""
+        pts = [(self.by_label[t.layout].gib_per_sample * t.batch, t.peak_gib) for t in self.out.trials
+               if t.status == "ok" and t.peak_gib is not None and t.job is not None]
+        fixed, scale = self.s.fixed_gib, 1.0
+        if len({x for x, _ in pts}) >= 2:
+            mx, my = sum(x for x, _ in pts) / len(pts), sum(y for _, y in pts) / len(pts)
+            scale = sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
+            fixed = my - scale * mx
+        elif pts:
+            scale = (pts[0][1] - fixed) / pts[0][0]
+        if scale <= 0 or fixed < 0:  # a line the points do not support: the estimate through the largest point
+            x, y = max(pts, key=lambda p: p[0]) if pts else (1.0, self.s.fixed_gib + 1.0)
+            fixed, scale = min(self.s.fixed_gib, 0.9 * y), (y - min(self.s.fixed_gib, 0.9 * y)) / x
+        if self.budget:
+            for t in self.out.trials:
+                if t.status == "oom" and t.job is not None:
+                    x = self.by_label[t.layout].gib_per_sample * t.batch
+                    scale = max(scale, (self.budget - fixed) / x * 1.01)
+        return (fixed, scale) if pts else None
+
+    def predict(self, L: Layout, b: int) -> float:
+        """Peak GiB of L at batch b: from L's own largest ok cell where there is one (the fixed part
+        measured, not estimated), else from the calibrated line (or the raw estimate)."""
+        cal = self.calibration()
+        fixed, scale = cal or (self.s.fixed_gib, 1.0)
+        own = [t for t in self.done(L, "ok") if t.peak_gib is not None]
+        if own:
+            t = max(own, key=lambda t: t.batch)
+            return t.peak_gib + scale * L.gib_per_sample * (b - t.batch)
+        return fixed + scale * L.gib_per_sample * b
+
+    def fits_estimate(self, L: Layout, b: int) -> bool:
+        margin = FIT_MARGIN if self.calibration() is None else FIT_MARGIN / 4  # measured peaks: a tighter start
+        return self.budget is None or self.predict(L, b) <= self.budget * (1 - margin)
+
+    def estimated_oom(self, L: Layout, b: int) -> str | None:
+        if self.budget is None or self.calibration() is None:
+            return None  # the raw estimate may be off by 2x: it chooses where to start, never what to skip
+        p = self.predict(L, b)
+        return (f"estimated {p:.1f} GiB > budget {self.budget:g} GiB (the memory model calibrated on the "
+                f"cells measured)") if p > self.budget * (1 + SKIP_MARGIN) else None
+
+    # ------------------------------------------------------------------ trials
+    def skip(self, L: Layout, b: int | None, reason: str) -> None:
+        self.out.trials.append(Trial(L.label, b, "skipped", reason=reason))
+        self.log(f"b{b} {L.label}: skipped ({reason})" if b else f"{L.label}: skipped ({reason})")
+
+    def run(self, L: Layout, b: int) -> Trial:
+        m = self.measure(L, b)
+        t = Trial(L.label, b, m.status, m.tok_s, m.peak_gib, m.job if m.job is not None else -1, m.error or "")
+        self.out.trials.append(t)
+        if self.budget is None and m.device_gib:
+            self.budget = self.out.budget_gib = m.device_gib
+        # A cell skipped (the backend is not installed) says the same of every other; two failures in a
+        # row (CUDA missing, a bad value) most likely too; an interrupted one means stop (SIGTERM).
+        failed = [x.status in ("failed", "interrupted") for x in self.out.trials if x.job is not None][-2:]
+        if m.status in ("skipped", "interrupted") or failed == [True, True]:
+            self.stopped = True
+            self.log(f"search stopped: cell {t.job} {m.status}" + (" twice in a row" if m.status == "failed" else ""))
+        return t
+
+
+def search(space: Space, measure: Measure, log: Callable[[str], None] = lambda s: None) -> Outcome:
+    """The fastest cell of the space within its budget, in at most space.max_cells measured cells."""
+    st = Search(space, measure, log)
+    for L in space.layouts:
+        if st.stopped:
+            break
+        if st.cells_left() <= 0:
+            st.skip(L, None, f"the cell cap (search.max_cells={space.max_cells}) is spent")
+            continue
+        if reason := dominated(st, L):
+            st.skip(L, None, reason)
+            st.out.stops[L.label] = "dominated"
+            continue
+        climb(st, L)
+        probe_plateau(st, L)
+    best_and_why(st)
+    return st.out
+
+
+def dominated(st: Search, L: Layout) -> str | None:
+    """Why L cannot beat a layout that saves less memory (and so runs as fast or faster at equal batch)."""
+    for K in st.s.layouts:
+        if K is L or not K.uses_no_less_than(L) or K.saves == L.saves:
+            continue
+        ok = st.done(K, "ok")
+        if not ok:
+            continue
+        best = max(ok, key=lambda t: t.tok_s)
+        why = st.out.stops.get(K.label, "")
+        if why.startswith(("plateau", "top")):
+            return f"{K.label} already at its best batch ({why}): saving more memory only buys a larger batch, " \
+                   "which no longer pays"
+        bigger = [b for b in st.s.batches if b > best.batch]
+        if not bigger:
+            return f"{K.label} already runs the largest batch (b{best.batch})"
+        if w := st.implied_oom(L, bigger[0]):
+            return f"fits no larger batch than {K.label}'s best b{best.batch}: b{bigger[0]} implied OOM by cell " \
+                   f"{w.job} ({w.name()})"
+        if e := st.estimated_oom(L, bigger[0]):
+            return f"fits no larger batch than {K.label}'s best b{best.batch}: at b{bigger[0]} {e}"
+    return None
+
+
+def climb(st: Search, L: Layout) -> None:
+    """L's fastest batch: start where the memory model says it still fits, bisect down on OOM, step up
+    while it fits and the throughput still rises by search.plateau."""
+    over = next((b for b in st.s.batches if st.implied_oom(L, b)), None)
+    cands = [b for b in st.s.batches if over is None or b < over]
+    if not cands:
+        w = st.implied_oom(L, st.s.batches[0])
+        st.skip(L, st.s.batches[0], f"implied OOM by cell {w.job} ({w.name()})")
+        st.out.stops[L.label] = "nothing fits"
+        return
+    known = st.implied_fit(L)
+    fitting = [b for b in cands if st.fits_estimate(L, b)]
+    b = max(max(fitting, default=cands[0]), min((c for c in cands if c >= known), default=cands[-1]))
+    while True:
+        if st.cells_left() <= 0:
+            st.out.stops[L.label] = "cell cap"
+            return
+        t = st.run(L, b)
+        if t.status == "oom":
+            ok = max((x.batch for x in st.done(L, "ok")), default=0)
+            lower = [c for c in cands if ok < c < b and c >= known]  # known: fits, its throughput not yet measured
+            if not lower:
+                st.out.stops[L.label] = f"oom boundary: b{b} out of memory" + (f", b{ok} fits" if ok else "")
+                return
+            fit = [c for c in lower if st.fits_estimate(L, c)]
+            b = max(fit) if fit else lower[len(lower) // 2]
+            continue
+        if t.status != "ok":
+            st.out.stops[L.label] = f"{t.status}: {t.reason}"
+            return
+        if stop := step_up(st, L, t, cands):
+            st.out.stops[L.label] = stop
+            return
+        b = next(c for c in cands if c > b)
+
+
+def probe_plateau(st: Search, L: Layout) -> None:
+    """A layout whose climb met the memory wall after a single cell that fit says nothing about whether a
+    larger batch still pays, which is all that a layout saving more memory could buy: one cell a step
+    below tells, when some layout left to search saves more (a plateau then skips all of them) and the
+    cap leaves cells to spare."""
+    ok = st.done(L, "ok")
+    later = st.s.layouts[st.s.layouts.index(L) + 1:]
+    saving_more = [M for M in later if L.uses_no_less_than(M) and M.saves != L.saves]
+    # only with cells to spare: about two per layout left to search
+    if (len(ok) != 1 or not st.out.stops.get(L.label, "").startswith("oom boundary") or not saving_more
+            or st.cells_left() <= 2 * len(later)):
+        return
+    below = [b for b in st.s.batches if b < ok[0].batch]
+    if not below:
+        return
+    t = st.run(L, below[-1])
+    if t.status == "ok":
+        gain = ok[0].tok_s / t.tok_s - 1
+        if gain < st.s.plateau:
+            st.out.stops[L.label] = (f"plateau: b{t.batch} -> b{ok[0].batch} {100 * gain:+.1f}% tok/s "
+                                     f"(< {100 * st.s.plateau:g}%), and {st.out.stops[L.label]}")
+        else:
+            st.out.stops[L.label] += f" (tok/s still rising: b{t.batch} -> b{ok[0].batch} {100 * gain:+.1f}%)"
+
+
+def step_up(st: Search, L: Layout, t: Trial, cands: list[int]) -> str | None:
+    """Why L's climb ends after its ok cell t (None: go on to the next batch)."""
+    prev = [x for x in st.done(L, "ok") if x.batch < t.batch]
+    if prev:
+        p = max(prev, key=lambda x: x.batch)
+        gain = t.tok_s / p.tok_s - 1
+        if gain < st.s.plateau:
+            return f"plateau: b{p.batch} -> b{t.batch} {100 * gain:+.1f}% tok/s (< {100 * st.s.plateau:g}%)"
+    up = [c for c in cands if c > t.batch]
+    if not up:
+        return f"top of the batch range (b{t.batch})" if t.batch == st.s.batches[-1] else \
+            f"oom boundary: b{t.batch} fits, b{next(c for c in st.s.batches if c > t.batch)} does not"
+    if any(x.status == "oom" and x.batch == up[0] for x in st.done(L)):
+        return f"oom boundary: b{t.batch} fits, b{up[0]} does not"
+    if w := st.implied_oom(L, up[0]):
+        st.skip(L, up[0], f"implied OOM by cell {w.job} ({w.name()})")
+        return f"oom boundary: b{t.batch} fits, b{up[0]} implied OOM"
+    if e := st.estimated_oom(L, up[0]):
+        st.skip(L, up[0], e)
+        return f"oom boundary: b{t.batch} fits, b{up[0]} {e}"
+    return None
+
+
+def best_and_why(st: Search) -> None:
+    ok = sorted((t for t in st.out.trials if t.status == "ok" and t.tok_s), key=lambda t: -t.tok_s)
+    n = sum(t.job is not None for t in st.out.trials)
+    if not ok:
+        st.out.why = f"no cell fitted or ran among the {n} measured"
+        return
+    best = st.out.best = ok[0]
+    why = (f"fastest of {len(ok)} cells that ran ({n} measured, {len(st.out.trials) - n} skipped): "
+           f"{best.tok_s:,.0f} tok/s")
+    if len(ok) > 1:
+        why += f"; next {ok[1].name()} at {ok[1].tok_s:,.0f} ({100 * (ok[1].tok_s / best.tok_s - 1):+.1f}%)"
+    stop = st.out.stops.get(best.layout)
+    st.out.why = why + (f"; its layout stopped at {stop}" if stop else "")
+
+
+def dropout_zero(space: Space, best: Trial, measure: Measure, cells: int,
+                 log: Callable[[str], None] = lambda s: None) -> list[Trial]:
+    """The best cell's layout again with lora.dropout=0 (`measure` adds the override): at its batch, then
+    one step up if that fits (no dropout masks or input copies to keep: a little less memory)."""
+    L = next(x for x in space.layouts if x.label == best.layout)
+    sub = Search(Space([L], space.batches, space.budget_gib, space.fixed_gib, cells, space.plateau), measure, log)
+    t = sub.run(L, best.batch)
+    up = [c for c in space.batches if c > best.batch]
+    if t.status == "ok" and up and sub.cells_left() > 0:
+        sub.run(L, up[0])
+    return sub.out.trials
+
+
+# ---------------------------------------------------------------------------- the space of one outer cell
+
+def token_bytes(c) -> tuple[float, float, float]:
+    """Device bytes per token: (a layer that keeps its activations, a recomputed layer, what every layout
+    holds). A kept layer: checks.host_memory_need's per-layer term (4 x hidden + 2 x intermediate values);
+    a recomputed one keeps its input (the residual stream, fp32 under QLoRA's upcast, bf16 in Unsloth);
+    an offloaded one ~nothing. Every layout holds a layer's activations and their gradients in its
+    backward (2 x kept), and the loss's: none under Liger's fused linear cross-entropy, bf16 logits and
+    their gradient in Unsloth's, else fp32 logits, log-softmax and both gradients (4 x vocab x 4 B).
+    Against the measured lines at seq 512 (docs/performance.md: hf every layer recomputed 1.32 MB per
+    token, fast 0.55 MB, Unsloth offloaded 0.24 MB) this gives 1.20, 0.44 and 0.31 MB; the search refits
+    it on its own cells."""
+    from lorabench.config import Backend, Precision
+
+    m, b = c.model, c.backend
+    w = 4 if c.precision.name is Precision.fp32 else 2
+    unsloth = b.name is Backend.unsloth
+    kept = (4 * m.hidden_size + 2 * m.intermediate_size) * w
+    recomputed = m.hidden_size * (4 if b.upcast_fp32 and not unsloth else w)
+    logits = (0 if "fused_linear_cross_entropy" in b.liger
+              else 2 * m.vocab_size * 2 if unsloth else 4 * m.vocab_size * 4)
+    return kept, recomputed, 2 * kept + logits
+
+
+def fixed_gib(c) -> float:
+    """Memory that does not grow with batch: the weights at their precision (nf4: 4 bits and one 8-bit
+    scale per 64 weights under double quantisation), embeddings and head (fp32 under QLoRA's upcast),
+    LoRA's weights, gradients and AdamW states (4 + 4 + 8 bytes), and 0.5 GiB of allocator slack."""
+    from lorabench.config import QUANTISED, Precision
+
+    m, p = c.model, c.precision.name
+    h, q, kv = m.hidden_size, m.num_attention_heads * m.head_dim, m.num_key_value_heads * m.head_dim
+    linear = m.num_hidden_layers * (2 * h * q + 2 * h * kv + 3 * h * m.intermediate_size)
+    per_param = {Precision.nf4: 0.5 + 1 / 64, Precision.int8: 1.0 + 4 / 4096, Precision.fp32: 4.0}.get(p, 2.0)
+    embed_w = 4 if c.backend.upcast_fp32 and p in QUANTISED else (4 if p is Precision.fp32 else 2)
+    targets = 7 if list(c.lora.target_modules) == ["all-linear"] else len(c.lora.target_modules)
+    lora = m.num_hidden_layers * targets * c.lora.r * 2 * h * (4 + 4 + 8)
+    return (linear * per_param + 2 * m.vocab_size * h * embed_w + lora) / GIB + 0.5
+
+
+def layouts(c) -> list[Layout]:
+    """The layouts of c's backend, in search order: the most layers kept first, then the fewest recomputed."""
+    from lorabench.config import Backend
+
+    kept, recomputed, common = token_bytes(c)
+    n = c.model.num_hidden_layers
+
+    def gib(r: float, o: float) -> float:  # per sample, r recomputed and o offloaded fractions of layers
+        return c.seq_len * (n * ((1 - r - o) * kept + r * recomputed) + common) / GIB
+
+    if c.backend.name is Backend.unsloth:
+        ckpt = ("train.gradient_checkpointing=true", "train.checkpoint_fraction=1")
+        return [Layout("unsloth checkpointing off", ("train.gradient_checkpointing=false",), (0, 0), gib(0, 0)),
+                Layout("unsloth checkpointing on", ckpt + ("backend.unsloth_offload=false",), (1, 0), gib(1, 0)),
+                Layout("unsloth checkpointing offloaded", ckpt + ("backend.unsloth_offload=true",), (1, 1),
+                       gib(0, 1))]
+    out = [Layout(f"ckpt {r:g} offload {o:g}", (f"train.gradient_checkpointing={str(r > 0).lower()}",
+                                                 f"train.checkpoint_fraction={r:g}", f"train.offload_fraction={o:g}"),
+                  (r, o), gib(r, o))
+           for r in sorted(set(c.search.checkpoint_fractions)) for o in sorted(set(c.search.offload_fractions))
+           if r + o <= 1 + 1e-9]
+    return sorted(out, key=lambda L: (sum(L.saves), L.saves[0]))
+
+
+def space_for(c) -> Space:
+    """c's search space; the budget is the memory of the gpu option (emulated on a larger GPU), unknown
+    (None) under gpu=auto until the first cell reports its device's."""
+    budget = c.gpu.memory_gib if c.gpu.name != "auto" else None
+    reserve = 2 if c.search.allow_dropout_zero and c.lora.dropout > 0 else 0
+    return Space(layouts(c), sorted(set(c.search.batches)), budget, fixed_gib(c),
+                 max(1, c.search.max_cells - reserve), c.search.plateau)
+
+
+# ---------------------------------------------------------------------------- search.json
+
+@dataclass
+class SearchRecord:
+    """One outer cell's search, as search.json holds it and the report reads it."""
+
+    name: str  # the outer cell, by the overrides that set it apart (backend=fast)
+    outer: list[str]
+    backend: str
+    budget_gib: Optional[float]
+    seq_len: int
+    max_cells: int
+    trials: list[Trial]
+    best: Optional[Trial]
+    why: str
+    stops: dict
+    dropout_zero: list[Trial] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "SearchRecord":
+        trial = lambda t: Trial(**t) if t else None  # noqa: E731
+        return cls(**{**d, "trials": [trial(t) for t in d["trials"]], "best": trial(d.get("best")),
+                      "dropout_zero": [trial(t) for t in d.get("dropout_zero", [])]})
+
+
+def write_searches(sweep_dir: Path, records: list[SearchRecord]) -> None:
+    atomic_write_json(Path(sweep_dir) / SEARCH_FILE, {"searches": [asdict(r) for r in records]})
+
+
+def load_searches(sweep_dir: Path) -> list[SearchRecord]:
+    """The searches of a sweep dir (none for a plain sweep, or a search.json that cannot be read)."""
+    import json
+
+    try:
+        return [SearchRecord.from_dict(d) for d in json.loads((Path(sweep_dir) / SEARCH_FILE).read_text())["searches"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
+# ---------------------------------------------------------------------------- the Hydra sweeper
+
+class BudgetSearch(Sweeper):
+    """hydra.sweeper of +experiment=tune (its Hydra plugin: hydra_plugins.lorabench_search): the outer
+    grid from the command line, a `search` per outer cell, each cell through the configured launcher."""
+
+    def __init__(self, max_batch_size: Optional[int] = None, params: Optional[dict] = None):
+        self.params = dict(params or {})
+        self.job = 0
+        self.returns: list = []
+
+    def setup(self, *, hydra_context, task_function, config) -> None:
+        from hydra.core.plugins import Plugins
+
+        self.hydra_context, self.config = hydra_context, config
+        self.launcher = Plugins.instance().instantiate_launcher(hydra_context=hydra_context,
+                                                                task_function=task_function, config=config)
+
+    def sweep(self, arguments: list[str]) -> list:
+        from omegaconf import OmegaConf
+
+        from lorabench.sweep import expand
+
+        sweep_dir = Path(self.config.hydra.sweep.dir)
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+        cells = expand(arguments, OmegaConf.create(self.params), self.hydra_context.config_loader)
+        key = lambda o: o.split("=")[0].lstrip("+~")  # noqa: E731
+        if dropped := sorted({key(o) for cell in cells for o in cell if key(o) in SEARCH_KEYS}):
+            print(f"search: {', '.join(dropped)} set by the search in every cell; the command line's value is not "
+                  "used (the candidates are search.batches, search.checkpoint_fractions, search.offload_fractions)",
+                  file=sys.stderr)
+        outer = [list(c) for c in dict.fromkeys(tuple(o for o in cell if key(o) not in SEARCH_KEYS) for cell in cells)]
+        records: list[SearchRecord] = []
+        for cell in outer:
+            records.append(self.search_one(cell, outer, sweep_dir))
+            write_searches(sweep_dir, records)
+            if any(t.status == "interrupted" for t in records[-1].trials):
+                break  # SIGTERM: the same command resumes (see above)
+        return self.returns
+
+    def compose(self, overrides: list[str]):
+        from omegaconf import OmegaConf, open_dict
+
+        cfg = self.hydra_context.config_loader.load_sweep_config(master_config=self.config,
+                                                                 sweep_overrides=list(overrides))
+        with open_dict(cfg):
+            del cfg["hydra"]
+        return OmegaConf.to_object(cfg)
+
+    def search_one(self, cell: list[str], outer: list[list[str]], sweep_dir: Path) -> SearchRecord:
+        """One outer cell's search, printing a line per cell ("[backend=fast 5/12] b24 ckpt 0.5 offload
+        0.25: 15,291 tok/s")."""
+        from lorabench.results import cell_name
+
+        c = self.compose(cell)
+        space = space_for(c)
+        name = cell_name(cell, outer) if len(outer) > 1 else "search"
+        log = lambda s: print(f"[{name}] {s}", file=sys.stderr, flush=True)  # noqa: E731
+        counter = iter(range(1, 10**6))
+
+        def measure(extra: tuple[str, ...] = ()) -> Measure:
+            def run(L: Layout, b: int) -> Measured:
+                m = self.launch(cell + list(L.overrides) + [f"batch={b}", *extra], sweep_dir)
+                what = f"{m.tok_s:,.0f} tok/s" if m.status == "ok" else m.status
+                what += f" ({m.error[:120]})" if m.error and m.status != "ok" else ""
+                peak = f", peak {m.peak_gib:.1f} GiB" if m.peak_gib is not None else ""
+                print(f"[{name} {next(counter)}/{c.search.max_cells}] b{b} {L.label}{' '.join(('',) + extra)}: "
+                      f"{what}{peak}", file=sys.stderr, flush=True)
+                return m
+            return run
+
+        log(f"{len(space.layouts)} layouts x {len(space.batches)} batches, at most {space.max_cells} cells, budget "
+            + (f"{space.budget_gib:g} GiB" if space.budget_gib else "the device's memory")
+            + f" (estimated fixed part {space.fixed_gib:.1f} GiB)")
+        out = search(space, measure(), log)
+        zero = []
+        if c.search.allow_dropout_zero and c.lora.dropout > 0 and out.best:
+            zero = dropout_zero(space, out.best, measure(("lora.dropout=0",)), c.search.max_cells - space.max_cells,
+                                log)
+        log(f"best: {out.best.name() if out.best else 'none'}: {out.why}")
+        return SearchRecord(name, cell, c.backend.name.value, out.budget_gib, c.seq_len, c.search.max_cells,
+                            out.trials, out.best, out.why, out.stops, zero)
+
+    def launch(self, overrides: list[str], sweep_dir: Path) -> Measured:
+        """One cell through the launcher; its result read back from its metrics.json."""
+        from omegaconf import OmegaConf
+
+        self.validate_batch_is_legal([overrides])
+        # cells.json names the cells: each one by the overrides that differ between them (results.cell_name)
+        known = read_cells(sweep_dir)  # (a re-run of the same command proposes the same cells: resumed, not repeated)
+        atomic_write_json(sweep_dir / CELLS_FILE, {"cells": known + ([overrides] if overrides not in known else [])})
+        job, self.job = self.job, self.job + 1
+        ret = self.launcher.launch([overrides], initial_job_idx=job)[0]
+        self.returns.append(ret)
+        # the cell's output dir (working_dir is the process's cwd unless hydra.job.chdir)
+        out = OmegaConf.select(ret.hydra_cfg, "hydra.runtime.output_dir") if ret.hydra_cfg is not None else None
+        run_dir = Path(out) if out else sweep_dir / str(job)
+        try:
+            r = read_result(run_dir / RESULT_FILE)
+        except (OSError, ValueError, TypeError) as e:
+            return Measured("failed", job=job, error=f"no result in {run_dir}: {e}")
+        m = r.metrics
+        tok = m.get("perf/tokens_per_s") if r.ok else None
+        return Measured(r.status.value, tok, m.get("mem/peak_reserved_gib"), job, r.error,
+                        m.get("mem/device_total_gib"))

@@ -1,0 +1,218 @@
+"""lorabench.search: the search as a pure function over a synthetic GPU (a known memory line per layout,
+a throughput that saturates with batch and falls with recompute), and once end to end on the CPU."""
+
+import json
+import re
+
+import pytest
+
+from conftest import run_cli
+from lorabench.search import Layout, Measured, Space, load_searches, search
+
+BATCHES = [1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64]
+FRACTIONS = [(r, o) for r in (0, 0.25, 0.5, 1) for o in (0, 0.25) if r + o <= 1]
+
+
+def layouts(est_per_sample):
+    out = [Layout(f"ckpt {r:g} offload {o:g}", (), (r, o), est_per_sample(r, o)) for r, o in FRACTIONS]
+    return sorted(out, key=lambda L: (sum(L.saves), L.saves[0]))
+
+
+class Gpu:
+    """A GPU with a known OOM boundary: peak = fixed + per_sample(layout) x batch; tok/s = peak rate x
+    b / (b + knee) (saturating in batch) / (1 + recomputed / 3 + offloaded / 20)."""
+
+    def __init__(self, budget=22.0, fixed=6.0, per_sample=lambda r, o: 1.6 * (1 - r - o) + 0.12 * r + 0.1, knee=8.0):
+        self.budget, self.fixed, self.per_sample, self.knee = budget, fixed, per_sample, knee
+        self.calls = []  # (layout, batch, status) in order
+
+    def peak(self, L, b):
+        return self.fixed + self.per_sample(*L.saves) * b
+
+    def tok(self, L, b):
+        r, o = L.saves
+        return 20_000 * b / (b + self.knee) / (1 + r / 3 + o / 20)
+
+    def measure(self, L, b):
+        status = "oom" if self.peak(L, b) > self.budget else "ok"
+        self.calls.append((L, b, status))
+        peak = min(self.peak(L, b), self.budget)
+        return Measured(status, self.tok(L, b) if status == "ok" else None, peak, job=len(self.calls) - 1)
+
+    def true_best(self, Ls):
+        return max(((L, b) for L in Ls for b in BATCHES if self.peak(L, b) <= self.budget),
+                   key=lambda lb: self.tok(*lb))
+
+
+def check_invariants(gpu, out, max_cells):
+    """At most max_cells measured; no measured cell was implied OOM by an earlier one; every measured
+    cell is listed with its status; every skipped one says why."""
+    assert len(gpu.calls) <= max_cells
+    for i, (L, b, _) in enumerate(gpu.calls):
+        for K, c, status in gpu.calls[:i]:
+            implied = status == "oom" and c <= b and L.uses_no_less_than(K)
+            assert not implied, f"b{b} {L.label} implied OOM by b{c} {K.label}"
+    measured = [(t.layout, t.batch, t.status) for t in out.trials if t.job is not None]
+    assert measured == [(L.label, b, s) for L, b, s in gpu.calls]
+    assert all(t.reason for t in out.trials if t.job is None)
+
+
+@pytest.mark.parametrize("estimate_error", [1.0, 0.7, 1.4])  # the memory estimate right, 30% low, 40% high
+def test_search_finds_the_true_best_within_the_cell_cap(estimate_error):
+    gpu = Gpu()
+    Ls = layouts(lambda r, o: estimate_error * gpu.per_sample(r, o))
+    out = search(Space(Ls, BATCHES, gpu.budget, fixed_gib=5.0, max_cells=12), gpu.measure)
+    check_invariants(gpu, out, 12)
+    L, b = gpu.true_best(Ls)
+    assert (out.best.layout, out.best.batch) == (L.label, b), (out.best, L.label, b, gpu.calls)
+    assert out.best.tok_s == pytest.approx(gpu.tok(L, b))
+    assert "fastest of" in out.why and f"{out.best.tok_s:,.0f} tok/s" in out.why
+
+
+def test_a_throughput_plateau_stops_the_batch_and_the_layouts_that_only_buy_batch():
+    """Ample memory, a throughput flat from b4 (knee 0.05) and an estimate 3x too high (the first cell a
+    small batch): the fastest layout climbs until tok/s rises < 3%, then every layout saving more
+    memory is skipped without a cell."""
+    gpu = Gpu(budget=80.0, knee=0.05)
+    Ls = layouts(lambda r, o: 3 * gpu.per_sample(r, o))
+    out = search(Space(Ls, BATCHES, gpu.budget, fixed_gib=6.0, max_cells=12), gpu.measure)
+    check_invariants(gpu, out, 12)
+    assert {L.label for L, _, _ in gpu.calls} == {"ckpt 0 offload 0"}
+    assert out.stops["ckpt 0 offload 0"].startswith("plateau")
+    (_, b0, _), (_, b1, _) = gpu.calls[-2:]
+    assert b0 < b1 and gpu.tok(Ls[0], b1) / gpu.tok(Ls[0], b0) - 1 < 0.03
+    skipped = [t for t in out.trials if t.job is None]
+    assert len(skipped) == len(Ls) - 1 and all("no longer pays" in t.reason for t in skipped)
+    assert out.best.batch == b1
+
+
+def test_an_oom_implies_the_cells_that_need_more_memory():
+    """The first cell (chosen by a memory estimate 2x too low) runs out of memory: no later cell of a
+    layout that saves no more memory at that batch or above is measured, and the search still ends at
+    the true best."""
+    gpu = Gpu()
+    Ls = layouts(lambda r, o: 0.5 * gpu.per_sample(r, o))
+    out = search(Space(Ls, BATCHES, gpu.budget, fixed_gib=3.0, max_cells=12), gpu.measure)
+    check_invariants(gpu, out, 12)
+    assert gpu.calls[0][2] == "oom"
+    L, b = gpu.true_best(Ls)
+    assert (out.best.layout, out.best.batch) == (L.label, b)
+
+
+def test_the_cell_cap_holds_and_unreached_layouts_are_listed():
+    gpu = Gpu()
+    Ls = layouts(lambda r, o: 1.5 * gpu.per_sample(r, o))
+    out = search(Space(Ls, BATCHES, gpu.budget, fixed_gib=5.0, max_cells=3), gpu.measure)
+    check_invariants(gpu, out, 3)
+    assert len(gpu.calls) == 3 and out.best is not None
+    assert {t.layout for t in out.trials} == {L.label for L in Ls}  # each layout: measured or skipped with a reason
+
+
+def test_a_backend_that_cannot_run_stops_its_search():
+    calls = []
+
+    def measure(L, b):
+        calls.append(b)
+        return Measured("skipped", job=len(calls) - 1, error="backend=unsloth: the unsloth package is not installed")
+
+    out = search(Space(layouts(lambda r, o: 1.0), BATCHES, 22.0, 5.0), measure)
+    assert len(calls) == 1 and out.best is None and "no cell" in out.why
+
+
+def test_search_end_to_end_on_cpu(tmp_path):
+    """`train.py +experiment=tune` with the tiny model on the CPU, a 2 x 2 space: every cell it measured
+    is a cell dir of the sweep, search.json lists them, and the report opens with the answer."""
+    d = tmp_path / "sweep"
+    proc = run_cli("train.py", ["+experiment=tune", "backend=hf", "model=tiny", "precision=fp32",
+                                "optimizer=adamw_torch", "data=tiny_instruct", "gpu=cpu", "search.batches=[1,2]",
+                                "search.checkpoint_fractions=[1,0]", "search.offload_fractions=[0]", "seq_len=64",
+                                "train.max_steps=3", "train.timing_warmup_steps=1", "data.max_samples=16",
+                                f"hydra.sweep.dir={d}"])
+    (rec,) = load_searches(d)
+    measured = [t for t in rec.trials if t.job is not None]
+    assert measured and all(t.status == "ok" for t in measured)
+    for t in measured:
+        cell = json.loads((d / str(t.job) / "metrics.json").read_text())
+        assert cell["config"]["batch"] == t.batch and cell["status"] == "ok"
+    assert rec.best.batch == 2 and rec.best.job is not None  # no budget on a CPU: the largest batch first
+    assert re.search(r"\[search 1/12\] b2 ckpt 0 offload 0: [\d,]+ tok/s", proc.stderr)
+    md = (d / "results.md").read_text()
+    assert md.startswith("Answer:") and "fastest is hf b2 ckpt 0 offload 0" in md
+
+
+def cell(job, backend, batch, ckpt, tok, dropout=0.05, offload=0.0):
+    from lorabench.results import CellResult, Status
+
+    config = {"backend": {"name": backend}, "batch": batch, "seq_len": 512, "gpu": {"name": "a10"},
+              "data": {"kind": "synthetic"}, "lora": {"dropout": dropout},
+              "train": {"gradient_checkpointing": ckpt > 0, "checkpoint_fraction": ckpt, "offload_fraction": offload}}
+    steps, p50 = 15, batch * 512 / tok  # fixed-length rows: every step the same
+    metrics = {"perf/tokens_per_s": tok, "count/tokens_nonpad": steps * batch * 512, "count/timed_steps": steps,
+               "perf/step_time_p50_s": p50, "mem/peak_reserved_gib": 20.0}
+    return CellResult(Status.ok, f"cell{job}", job, config=config, metrics=metrics,
+                      choices={"backend": backend}, gpu={"device_name": "NVIDIA H100 80GB HBM3", "budget_gib": 22.0})
+
+
+def record(name, cells, best):
+    from lorabench.search import SearchRecord, Trial
+
+    trials = [Trial(f"ckpt {c.config['train']['checkpoint_fraction']:g} offload 0", c.config["batch"], "ok",
+                    c.metrics["perf/tokens_per_s"], 20.0, c.job_num) for c in cells]
+    return SearchRecord(name, [name], name.split("=")[1], 22.0, 512, 12, trials,
+                        next(t for t in trials if t.job == best.job_num), "fastest", {})
+
+
+def test_backends_table_and_answer_compare_best_against_best():
+    """The answer and the Backends table set each backend's searched best against hf's searched best
+    (not hf's first cell), name both layouts, and label a ratio to an unsearched hf cell."""
+    from lorabench.analysis import answer, backend_table
+
+    hf = [cell(0, "hf", 8, 1, 6000), cell(1, "hf", 16, 1, 7500)]
+    fast = [cell(2, "fast", 16, 0.5, 15000), cell(3, "fast", 24, 0.5, 15300)]
+    zero = [cell(4, "fast", 24, 0.5, 16000, dropout=0.0)]
+    results = hf + fast + zero
+    searches = [record("backend=hf", hf, hf[1]), record("backend=fast", fast, fast[1])]
+    searches[1].dropout_zero = [searches[1].trials[1].__class__("ckpt 0.5 offload 0", 24, "ok", 16000, 20.0, 4)]
+    text = answer(results, searches)
+    assert text == ("On NVIDIA H100 80GB HBM3 (gpu=a10) within 22 GiB at seq 512: fastest is fast b24 ckpt 0.5 "
+                    "offload 0 at 15,300 non-pad tok/s, 2.04x the plain HF recipe's best (hf b16 ckpt 1 offload 0, "
+                    "7,500 tok/s). With lora.dropout=0 (a change to the recipe): fast b24 ckpt 0.5 offload 0 at "
+                    "16,000 tok/s, 2.13x.")
+    table = backend_table(results, ["backend", "batch"], searches)
+    rows = {r.split(" | ")[1]: r.split(" | ") for r in table.splitlines()[2:]}
+    assert rows["fast"][3:5] == ["b24 ckpt 0.5 offload 0", "searched: 2 cells measured, 0 skipped"]
+    assert rows["fast"][10] == "2.04 (2.04)" and rows["hf"][10] == "1.00 (1.00)"
+    assert rows["fast, lora.dropout=0 (recipe change)"][10] == "2.13 (2.13)"
+    # the same cells without search.json: no "best" is claimed, and hf's reference is labelled unsearched
+    bare = {r.split(" | ")[1]: r.split(" | ") for r in backend_table(results, ["backend", "batch"]).splitlines()[2:]}
+    assert bare["fast"][4] == "unsearched: fastest of 2 cells run"
+    assert bare["fast"][10] == "2.04 (2.04) vs hf b16 ckpt 1 offload 0 (unsearched)"
+    assert answer(results, []) == ""
+
+
+def test_two_failed_cells_in_a_row_stop_a_search():
+    calls = []
+
+    def measure(L, b):
+        calls.append(b)
+        return Measured("failed", job=len(calls) - 1, error="RuntimeError: needs a CUDA GPU")
+
+    out = search(Space(layouts(lambda r, o: 1.0), BATCHES, 22.0, 5.0), measure)
+    assert len(calls) == 2 and out.best is None
+    assert [t.status for t in out.trials] == ["failed", "failed"] and out.trials[0].reason.startswith("RuntimeError")
+
+
+def test_dropout_zero_measures_the_best_layout_again_and_one_batch_up():
+    """search.allow_dropout_zero: the best cell's layout at its batch, then one step up (dropout 0 keeps
+    no masks: a little less memory), within the cells left."""
+    from lorabench.search import dropout_zero
+
+    gpu = Gpu(budget=14.0)  # the best (ckpt 1, b32) below the top of the ladder
+    Ls = layouts(gpu.per_sample)
+    space = Space(Ls, BATCHES, gpu.budget, fixed_gib=6.0, max_cells=10)
+    out = search(space, gpu.measure)
+    n = len(gpu.calls)
+    zero = dropout_zero(space, out.best, gpu.measure, cells=2)
+    assert [(t.layout, t.batch) for t in zero] == [(out.best.layout, out.best.batch),
+                                                   (out.best.layout, BATCHES[BATCHES.index(out.best.batch) + 1])]
+    assert len(gpu.calls) == n + 2 and zero[1].status == "oom"  # the same GPU: one step up does not fit
