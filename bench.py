@@ -5,6 +5,7 @@
     python bench.py -m suite=inference model=mistral-7b-v0.3 precision=bf16,nf4
     python bench.py suite=consistency 'consistency.inputs=[outputs/node*/metrics.json]'
     python bench.py sweep_dir=outputs/sweeps/<time>             # the sweep report (also a partial sweep)
+    python bench.py --help                                       # suites, examples, options, exit codes
 """
 
 import sys

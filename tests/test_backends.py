@@ -10,7 +10,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from conftest import BF16_GRADS, BF16_LOSS, FAST, SAME_MATH, compose_cfg, read_result, read_steps, requires_cuda, run_in_process
+from conftest import (BF16_GRADS, BF16_LOSS, FAST, SAME_MATH, compose_cfg, read_result, read_steps, requires_cuda,
+                      run_in_process)
 from lorabench import backends, data, modeling
 from lorabench.loop import build_trainable_model
 

@@ -64,6 +64,7 @@ def test_slurm_launcher_composes_with_one_gpu_per_cell():
     assert launcher.gpus_per_node == 1 and launcher.tasks_per_node == 1 and launcher.max_num_timeout == 3
 
 
+@pytest.mark.slow  # two node processes, each starting torchrun and its rank: make test-all, CI
 def test_two_node_cell_matches_one_process_at_the_doubled_batch(tmp_path):
     """Two "nodes" on this machine (two train.py processes, one CPU rank each, static rendezvous at
     127.0.0.1) in one shared run dir, as a Kubernetes Indexed Job or a 2-node SLURM job would run

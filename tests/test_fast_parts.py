@@ -82,8 +82,9 @@ def test_fused_mlp_keeps_no_more_than_the_mlp():
     x2 = x.detach().clone().requires_grad_(True)
     assert _saved_bytes(patched, x2) <= _saved_bytes(plain, x)
     # Each output and input-gradient element is a chain of sums of 64 (gate, up) and 192 (down) products,
-    # each sum within n x eps of the sum of its terms' magnitudes: (64 + 192) x eps64 of the largest
-    # element bounds what the two summation orders can differ by (5.7e-14 relative).
+    # each sum within n x eps of the sum of its terms' magnitudes; with those taken at the largest
+    # element's size, (64 + 192) x eps64 of it (5.7e-14 relative) bounds what two summation orders can
+    # differ by. A wrong formula is off by the order of the element itself.
     for got, want in ((patched(x2), plain(x)), (x2.grad, x.grad)):  # (_saved_bytes ran the backwards)
         torch.testing.assert_close(got, want, rtol=0, atol=(64 + 192) * EPS64 * want.abs().max().item())
 
