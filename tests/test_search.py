@@ -126,7 +126,7 @@ def test_search_end_to_end_on_cpu(tmp_path):
     proc = run_cli("train.py", ["+experiment=tune", "backend=hf", "model=tiny", "precision=fp32",
                                 "optimizer=adamw_torch", "data=tiny_instruct", "gpu=cpu", "search.batches=[1,2]",
                                 "search.checkpoint_fractions=[1,0]", "search.offload_fractions=[0]", "seq_len=64",
-                                "train.max_steps=3", "train.timing_warmup_steps=1", "data.max_samples=16",
+                                "train.max_steps=3", "train.untimed_steps=1", "data.max_samples=16",
                                 f"hydra.sweep.dir={d}"])
     (rec,) = load_searches(d)
     measured = [t for t in rec.trials if t.job is not None]
