@@ -90,6 +90,18 @@ def test_fast_parts_are_checked_against_the_architecture(model_type):
     fastpath.check_parts(fast_cfg(*offs), hf, cpu)
 
 
+def test_every_key_of_backend_fast_is_a_part_of_the_table():
+    """The home lists every part backend=fast turns on (conf/backend/fast.yaml), each with a stage, once."""
+    from conftest import CONF
+    from omegaconf import OmegaConf as oc
+
+    keys = set(oc.load(CONF / "backend" / "fast.yaml")) - {"defaults", "name"}
+    listed = [p.key for p in fastpath.PARTS]
+    assert keys <= set(listed) and len(listed) == len(set(listed)), keys - set(listed)
+    assert [p.key for p in fastpath.parts_on(fast_cfg("backend.liger=[rope]"))] == \
+        [p.key for p in fastpath.PARTS if p.key in keys]
+
+
 def test_liger_patch_is_refused_where_the_architecture_lacks_what_its_kernel_computes():
     """Liger's RoPE rotates whole heads (Phi-4-mini rotates 3/4 of each), and an architecture Liger has no
     patch for is refused by name; the check is the architecture's, whatever the device."""
@@ -150,7 +162,8 @@ def logits_and_grads(model, c, device, batch):
         out = model(**batch)
     out.loss.backward()
     grads = {n: p.grad.double().cpu() for n, p in model.named_parameters() if p.requires_grad}
-    return out.logits.detach().double().cpu(), out.loss.item(), grads
+    logits = None if out.logits is None else out.logits.detach().double().cpu()  # None: Liger's fused loss
+    return logits, out.loss.item(), grads
 
 
 def assert_close(a: torch.Tensor, b: torch.Tensor, rtol: float, what: str):
