@@ -12,6 +12,7 @@ soft-cap or scale changes (1e-3 and more). The GPU tests do it in bf16 with Lige
 """
 
 import copy
+import functools
 import importlib.util
 
 import pytest
@@ -69,8 +70,14 @@ REFUSED = {
 ARCHS = ["mistral", "llama", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "qwen3_moe", "mixtral"]
 
 
+@functools.lru_cache(maxsize=None)
+def cfg(*overrides):
+    """The typed config of `overrides` (composed once: Hydra's composition is most of a CPU test's time)."""
+    return OmegaConf.to_object(compose_cfg(list(overrides)))
+
+
 def fast_cfg(*overrides):
-    return OmegaConf.to_object(compose_cfg(["backend=fast", "backend.liger=[]", *overrides]))
+    return cfg("backend=fast", "backend.liger=[]", *overrides)
 
 
 @pytest.mark.parametrize("model_type", ARCHS)
@@ -93,9 +100,8 @@ def test_fast_parts_are_checked_against_the_architecture(model_type):
 def test_every_key_of_backend_fast_is_a_part_of_the_table():
     """The home lists every part backend=fast turns on (conf/backend/fast.yaml), each with a stage, once."""
     from conftest import CONF
-    from omegaconf import OmegaConf as oc
 
-    keys = set(oc.load(CONF / "backend" / "fast.yaml")) - {"defaults", "name"}
+    keys = set(OmegaConf.load(CONF / "backend" / "fast.yaml")) - {"defaults", "name"}
     listed = [p.key for p in fastpath.PARTS]
     assert keys <= set(listed) and len(listed) == len(set(listed)), keys - set(listed)
     assert [p.key for p in fastpath.parts_on(fast_cfg("backend.liger=[rope]"))] == \
@@ -119,6 +125,16 @@ def test_liger_patch_is_refused_where_the_architecture_lacks_what_its_kernel_com
     with pytest.raises(CellSkipped, match="swiglu is Liger's geglu kernel for gemma2 .* its MLP uses gelu"):
         fastpath.check_parts(fast_cfg("backend.liger=[swiglu]", "backend.varlen_attention=false",
                                       "backend.fused_add_norm=false"), gemma, cuda)
+
+
+def test_fused_forwards_are_refused_under_another_transformers_major_version(monkeypatch):
+    """lorabench.fused's attention forward is transformers 5's: under another major version it is refused."""
+    import transformers
+
+    monkeypatch.setattr(transformers, "__version__", "6.0.0")
+    line = r"fused_lora computes transformers 5's attention forwards; transformers 6.0.0 is installed \(use "
+    with pytest.raises(CellSkipped, match=line + r"backend=hf, or backend.fused_lora=false\)"):
+        fastpath.check_parts(fast_cfg(), arch_config("llama"), torch.device("cpu"))
 
 
 def build(model_type: str, dtype=torch.float64, device=torch.device("cpu")):
@@ -177,9 +193,8 @@ def compare(model_type: str, hf_overrides, fast_overrides, device, dtype, rtol):
     batch = {"input_ids": ids, "labels": ids}
     common = [f"lora.target_modules={targets(model_type)}", "train.gradient_checkpointing=true",
               "train.checkpoint_fraction=0.5"]
-    c_hf = OmegaConf.to_object(compose_cfg([*common, *hf_overrides]))
-    c_fast = OmegaConf.to_object(compose_cfg([*common, "backend=fast", "backend.pack=false", *fast_overrides,
-                                              *REFUSED.get(model_type, ("", []))[1]]))
+    c_hf = cfg(*common, *hf_overrides)
+    c_fast = cfg(*common, "backend=fast", "backend.pack=false", *fast_overrides, *REFUSED.get(model_type, ("", []))[1])
     fastpath.check_parts(c_fast, base.config, device)
     torch.manual_seed(4)
     logits_hf, loss_hf, g_hf = logits_and_grads(copy.deepcopy(base), c_hf, device, batch)
@@ -227,6 +242,23 @@ def test_a_refused_architecture_is_a_skipped_cell_with_exit_code_5(tmp_path):
 
 
 HAS_LIGER = importlib.util.find_spec("liger_kernel") is not None and importlib.util.find_spec("triton") is not None
+
+
+@pytest.mark.skipif(not HAS_LIGER, reason="liger-kernel not installed (pip install -e '.[fast]')")
+@pytest.mark.parametrize("model_type", ["qwen3", "gemma2"])
+def test_liger_s_rope_for_the_architecture_in_the_fused_attention_on_cpu(monkeypatch, model_type):
+    """Liger's patch for the architecture puts its RoPE kernel in the architecture's module; the fused
+    attention looks it up there (Triton's interpreter runs that kernel on CPU; Liger's other kernels do not
+    run there). float32: Liger computes RoPE in fp32, round-off ~sqrt(n) x 2^-24 per sum of n <= 256 terms
+    (1e-6), a few times that through 2 layers and the backward; 1e-4 of the norm leaves room for it and
+    fails a missing norm, bias or soft-cap (1e-3 and more). Its module-level RoPE is put back after."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # before Triton's first import (it reads it then)
+    from liger_kernel.transformers.rope import liger_rotary_pos_emb
+
+    compare(model_type, ["lora.dropout=0"], ["lora.dropout=0", "backend.liger=[rope]"], torch.device("cpu"),
+            torch.float32, 1e-4)
+    module = importlib.import_module(fastpath.LIGER[model_type].module)
+    assert module.apply_rotary_pos_emb is not liger_rotary_pos_emb
 
 
 def test_liger_s_module_patches_for_the_architecture_are_undone_after_the_cell(tmp_path):
@@ -289,9 +321,9 @@ def compare_gpu(model_type, cuda, liger):
     batch = {"input_ids": ids, "labels": ids}
     common = [f"lora.target_modules={targets(model_type)}", "lora.dropout=0", "precision=bf16",
               "train.gradient_checkpointing=true", "train.checkpoint_fraction=0.5"]
-    c_hf = OmegaConf.to_object(compose_cfg(common))
-    c_fast = OmegaConf.to_object(compose_cfg([*common, "backend=fast", "backend.pack=false", f"backend.liger={liger}",
-                                              *REFUSED.get(model_type, ("", []))[1]]))
+    c_hf = cfg(*common)
+    c_fast = cfg(*common, "backend=fast", "backend.pack=false", f"backend.liger={liger}",
+                 *REFUSED.get(model_type, ("", []))[1])
     fastpath.check_parts(c_fast, base.config, cuda)
     logits_hf, loss_hf, g_hf = logits_and_grads(copy.deepcopy(base), c_hf, cuda, batch)
     with fastpath.around_cell(c_fast, base.config):

@@ -175,7 +175,30 @@ def _liger_lacks(f: Features, c: Config) -> Refusal | None:
     return None
 
 
+# The forwards lorabench.fused and lorabench.norm_kernels compute are transformers 5's (checked per
+# architecture by tests/test_fast_arch.py against the installed version); another major version may
+# have other forwards.
+FORWARDS_OF = "5"
+
+
+def _transformers_major() -> str:
+    import transformers
+
+    return transformers.__version__.split(".")[0]
+
+
+def _forward_lacks(key: str, what: str) -> Refusal | None:
+    if _transformers_major() != FORWARDS_OF:
+        import transformers
+
+        return Refusal(f"computes transformers {FORWARDS_OF}'s {what}; transformers {transformers.__version__} "
+                       "is installed", f"backend.{key}=false")
+    return None
+
+
 def _attention_lacks(f: Features, c: Config) -> Refusal | None:
+    if (version := _forward_lacks("fused_lora", "attention forwards")) is not None:
+        return version
     if f.model_type not in ATTENTION:
         return Refusal(f"computes the attention of {'/'.join(ATTENTION)}; {f.model_type} is not among them",
                        "backend.fused_lora=false")
@@ -196,6 +219,8 @@ def _mlp_lacks(f: Features, c: Config) -> Refusal | None:
 
 
 def _add_norm_lacks(f: Features, c: Config) -> Refusal | None:
+    if (version := _forward_lacks("fused_add_norm", "decoder layer forward")) is not None:
+        return version
     if f.sandwich_norms:
         return Refusal(f"computes Mistral's decoder layer ({'/'.join(MISTRAL_LAYERS)}); {f.model_type} has "
                        "sandwich norms", "backend.fused_add_norm=false")
