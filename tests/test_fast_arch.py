@@ -110,21 +110,22 @@ def test_every_key_of_backend_fast_is_a_part_of_the_table():
 
 def test_liger_patch_is_refused_where_the_architecture_lacks_what_its_kernel_computes():
     """Liger's RoPE rotates whole heads (Phi-4-mini rotates 3/4 of each), and an architecture Liger has no
-    patch for is refused by name; the check is the architecture's, whatever the device."""
-    cuda = torch.device("cuda", 0)  # only read: nothing runs on it
+    patch for is refused by name; the check is the architecture's, whatever the device (on this CPU too,
+    before Liger's need of CUDA is)."""
+    cpu = torch.device("cpu")
     with pytest.raises(CellSkipped, match=r"liger rope rotates the whole head; phi3 rotates 0.75 of it .*"
                                           r"backend.liger=\[rms_norm,swiglu,fused_linear_cross_entropy\]"):
         fastpath.check_parts(fast_cfg("backend.liger=[rms_norm,rope,swiglu,fused_linear_cross_entropy]"),
-                             arch_config("phi3"), cuda)
+                             arch_config("phi3"), cpu)
     from transformers import GPT2Config
 
     with pytest.raises(CellSkipped, match="liger has no Liger patch for gpt2"):
-        fastpath.check_parts(fast_cfg("backend.liger=[rms_norm]"), GPT2Config(n_layer=2), cuda)
+        fastpath.check_parts(fast_cfg("backend.liger=[rms_norm]"), GPT2Config(n_layer=2), cpu)
     gemma = arch_config("gemma2")
     gemma.hidden_activation = "gelu"  # exact GELU: Liger's GeGLU computes the tanh approximation
     with pytest.raises(CellSkipped, match="swiglu is Liger's geglu kernel for gemma2 .* its MLP uses gelu"):
         fastpath.check_parts(fast_cfg("backend.liger=[swiglu]", "backend.varlen_attention=false",
-                                      "backend.fused_add_norm=false"), gemma, cuda)
+                                      "backend.fused_add_norm=false"), gemma, cpu)
 
 
 def test_fused_forwards_are_refused_under_another_transformers_major_version(monkeypatch):

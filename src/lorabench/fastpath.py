@@ -388,12 +388,15 @@ def _triton_interpreter() -> bool:
 
 def check_parts(c: Config, hf, device: torch.device) -> None:
     """Before the model is built: refuse a part that cannot compute this architecture's model (CellSkipped:
-    status skipped, exit 5, one line naming the part and the feature it lacks) or that needs CUDA here
-    (RuntimeError); log the parts that have nothing to act through."""
-    name = c.backend.name.value
-    f = features(hf)
-    on = {p.key for p in parts_on(c)}
-    for part in parts_on(c):
+    status skipped, exit 5, one line naming the part and the feature it lacks; on any device, as the same
+    cell would be on any other), then one that needs CUDA or a package missing here (RuntimeError); log
+    the parts that have nothing to act through."""
+    name, f, on = c.backend.name.value, features(hf), parts_on(c)
+    for part in on:
+        refusal = part.lacks(f, c)
+        if refusal is not None:
+            raise CellSkipped(f"backend={name}: {part.key} {refusal.reason} (use backend=hf, or {refusal.fix})")
+    for part in on:
         if part.cuda is Cuda.REQUIRED and device.type != "cuda" and not _triton_interpreter():
             raise RuntimeError(f"backend={name} uses Liger-Kernel's Triton kernels (backend.liger="
                                f"{list(c.backend.liger)}), which need a CUDA GPU; on CPU use backend=hf or "
@@ -401,10 +404,7 @@ def check_parts(c: Config, hf, device: torch.device) -> None:
         if part.key == "liger" and importlib.util.find_spec("liger_kernel") is None:
             raise RuntimeError(f"backend={name} needs Liger-Kernel: pip install liger-kernel "
                                f"(or backend.liger=[] to run without its kernels)")
-        refusal = part.lacks(f, c)
-        if refusal is not None:
-            raise CellSkipped(f"backend={name}: {part.key} {refusal.reason} (use backend=hf, or {refusal.fix})")
-        if part.through and not on.intersection(part.through):
+        if part.through and not {p.key for p in on}.intersection(part.through):
             log.info("backend.%s acts through %s, none of them on: it does nothing here", part.key,
                      "/".join(part.through))
 
