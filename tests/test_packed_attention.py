@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 from transformers import MistralConfig, MistralForCausalLM
 
 from conftest import BF16_GRADS, BF16_LOSS, SAME_MATH, compose_cfg, requires_cuda
-from lorabench import backends, checks, data, modeling, packed_attention
+from lorabench import checks, data, fastpath, modeling, packed_attention
 from test_backends import assert_grads_close, lora_grads
 
 
@@ -94,9 +94,10 @@ def test_varlen_attention_only_where_it_runs():
     and Unsloth's recipe refuses it by name."""
     cpu = torch.device("cpu")
     for overrides, device in ((["backend=fast"], cpu), (["backend=fast", "data=synthetic"], torch.device("cuda"))):
-        c = OmegaConf.to_object(compose_cfg(["model.num_hidden_layers=1", *overrides]))
+        c = OmegaConf.to_object(compose_cfg(["model.num_hidden_layers=1", "backend.liger=[]", *overrides]))
         model = modeling.random_init(c.model, cpu, torch.float32)
-        assert backends.apply_varlen_attention(model, c, device).config._attn_implementation == "sdpa"
+        model = fastpath.apply(model, c, device, fastpath.Stage.BEFORE_LORA)
+        assert model.config._attn_implementation == "sdpa"
     c = OmegaConf.to_object(compose_cfg(["backend=unsloth", "backend.varlen_attention=true"]))
     with pytest.raises(ValueError, match="varlen_attention=True"):
         checks.check_values(c)

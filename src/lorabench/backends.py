@@ -2,20 +2,19 @@
 
   hf       the seed's recipe as it is (nothing changed here)
   liger    + Liger-Kernel's fused Triton ops (liger_kernel.transformers, applied to this model)
-  fast     + bf16 norms/residual stream, packing (lorabench.data.packs), selective checkpointing,
-           the attention's LoRA projections fused (lorabench.fused), packed rows' attention without a
-           mask (lorabench.packed_attention)
+  fast     + the parts lorabench.fastpath lists (its PARTS: what each is, what it needs and the order
+           they go in), each either computing the same model as hf or refused by name before the cell
+           runs; with selective checkpointing and offloading (here)
   unsloth  Unsloth's loader, kernels and LoRA (FastLanguageModel), in a process of its own, when
            the package is installed; otherwise the cell is skipped
 
 The work is the libraries': Liger's kernels, torch.compile, PyTorch's checkpointing, PEFT. This
-module only decides which of them a cell uses, and undoes Liger's module-level patches when the
-cell ends (a multirun trains its next cell, maybe backend=hf, in the same process).
+module decides which of them a cell uses; lorabench.fastpath applies the fast path's parts and undoes
+what they patch when the cell ends (a multirun trains its next cell, maybe backend=hf, in the same process).
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import importlib.util
 import json
@@ -27,109 +26,31 @@ from pathlib import Path
 
 import torch
 
-from lorabench import data, modeling, packed_attention
+from lorabench import fastpath, modeling
 from lorabench import offload as offloading
 from lorabench.config import QUANTISED, Backend, Config, Precision, TrainConfig
 from lorabench.results import CellSkipped
 
 log = logging.getLogger(__name__)
 
-# What apply_liger_kernel_to_mistral replaces at module level in transformers' Mistral code (RoPE is a
-# module function every attention layer looks up per call, so it cannot be patched per instance).
-_MISTRAL_MODULE_ATTRS = ("apply_rotary_pos_emb", "MistralRMSNorm", "MistralMLP", "CrossEntropyLoss")
-
 
 def check(c: Config, device: torch.device) -> None:
     """Refuse a backend that cannot run here, before data or model are built (its options were
-    checked with the other values: checks.check_values)."""
+    checked with the other values: checks.check_values); the fast path's parts are checked against the
+    model's architecture and the device in lorabench.fastpath."""
     if c.backend.name is Backend.unsloth:
         if importlib.util.find_spec("unsloth") is None:
             raise CellSkipped("backend=unsloth: the unsloth package is not installed (pip install unsloth, "
                               "CUDA only); this cell is skipped, the others of the sweep run")
         if device.type != "cuda":
             raise RuntimeError("backend=unsloth needs a CUDA GPU (Unsloth's kernels are Triton); on CPU use backend=hf")
-    if c.backend.liger and device.type != "cuda" and not _triton_interpreter():
-        raise RuntimeError(f"backend={c.backend.name.value} uses Liger-Kernel's Triton kernels "
-                           f"(backend.liger={list(c.backend.liger)}), which need a CUDA GPU; on CPU use "
-                           "backend=hf or backend.liger=[]")
-    if c.backend.liger and importlib.util.find_spec("liger_kernel") is None:
-        raise RuntimeError(f"backend={c.backend.name.value} needs Liger-Kernel: pip install liger-kernel "
-                           f"(or backend.liger=[] to run without its kernels)")
+    if fastpath.parts_on(c):
+        fastpath.check_parts(c, fastpath.hf_config(c), device)
 
 
-def _triton_interpreter() -> bool:
-    # Triton's interpreter runs kernels on CPU tensors (slowly): the tests use it for the ops it supports.
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
-@contextlib.contextmanager
-def module_patches(c: Config):
-    """Around a whole cell: the allocator's settings, Liger's module-level replacements in
-    transformers' Mistral code and lorabench's launch of Liger's RMSNorm backward, undone at the end,
-    whatever happened."""
-    from lorabench import norm_kernels
-
-    with _allocator(c), _liger_patches(c), \
-            norm_kernels.frozen_weight_grid(c.backend.norm_backward_grid and "rms_norm" in c.backend.liger):
-        yield
-
-
-@contextlib.contextmanager
-def _allocator(c: Config):
-    if not (c.backend.expandable_segments and torch.cuda.is_available()):
-        yield
-        return
-    torch.cuda.memory._set_allocator_settings("expandable_segments:True")
-    try:
-        yield
-    finally:  # the next cell of a multirun (maybe hf) gets the allocator as PyTorch sets it
-        torch.cuda.empty_cache()
-        torch.cuda.memory._set_allocator_settings("expandable_segments:False")
-
-
-@contextlib.contextmanager
-def _liger_patches(c: Config):
-    if not c.backend.liger:
-        yield
-        return
-    from transformers.models.mistral import modeling_mistral
-
-    saved = {a: getattr(modeling_mistral, a, None) for a in _MISTRAL_MODULE_ATTRS}
-    try:
-        yield
-    finally:
-        for a, v in saved.items():
-            if v is not None:
-                setattr(modeling_mistral, a, v)
-
-
-def apply_varlen_attention(model, c: Config, device: torch.device):
-    """Packed rows' attention without a mask (lorabench.packed_attention), where the rows are packed
-    and PyTorch's flash attention runs (CUDA); elsewhere the model keeps model.attn_implementation."""
-    if c.backend.varlen_attention and data.packs(c) and packed_attention.runs_on(device):
-        packed_attention.use(model)
-        log.info("attention over packed rows: %s (varlen flash attention, no mask)", packed_attention.NAME)
-    return model
-
-
-def apply_kernels(model, c: Config):
-    """Liger's ops on this model instance (before LoRA wraps its linear layers)."""
-    if not c.backend.liger:
-        return model
-    from liger_kernel.transformers import apply_liger_kernel_to_mistral
-
-    ops = set(c.backend.liger)
-    apply_liger_kernel_to_mistral(model=model, rope="rope" in ops, rms_norm="rms_norm" in ops,
-                                  swiglu="swiglu" in ops,
-                                  fused_linear_cross_entropy="fused_linear_cross_entropy" in ops)
-    log.info("Liger-Kernel ops on the model: %s", sorted(ops))
-    return model
-
-
-def decoder_layers(model):
-    """The decoder layers of a (PEFT-wrapped) Mistral model."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return base.model.layers
+# Around a whole cell: what the fast path's parts change for the process, undone at the end.
+module_patches = fastpath.around_cell
+decoder_layers = fastpath.decoder_layers
 
 
 def apply_checkpointing(model, train: TrainConfig, device: torch.device) -> tuple[int, int]:
@@ -152,29 +73,6 @@ def apply_checkpointing(model, train: TrainConfig, device: torch.device) -> tupl
         log.info("decoder layers, bottom first (r recomputed, o offloaded to host memory, k kept): %s",
                  "".join(how[0] for how in plan))
     return recompute, offload
-
-
-def apply_fused_lora(model, c: Config):
-    """The attention's LoRA projections, and with fused_mlp the MLP's, through lorabench.fused (after
-    PEFT has wrapped them); with fused_add_norm the layer's forward from lorabench.norm_kernels."""
-    from lorabench import fused
-
-    b, layers = c.backend, decoder_layers(model)
-    kernels = dict(triton_dequant=b.triton_dequant, absmax_cache=b.absmax_cache)
-    if b.fused_lora:
-        # triton_input_grad: the attention's groups only; the MLP's input gradients (K = 2 x 14,336 for
-        # gate/up) ran slower in lorabench.grad_kernels than in cuBLAS (docs/performance.md, sixth round)
-        n = fused.patch_attention(layers, b.seeded_dropout, triton_grad=b.triton_input_grad, **kernels)
-        log.info("fused LoRA projections in %d decoder layers", n)
-    if b.fused_mlp:
-        n = fused.patch_mlp(layers, b.seeded_dropout, b.swiglu_in_gemm, **kernels)
-        log.info("fused MLP projections in %d decoder layers", n)
-    if b.fused_add_norm:
-        from lorabench import norm_kernels
-
-        n = norm_kernels.patch_add_norm(layers)
-        log.info("the attention's residual add inside the post-attention RMSNorm in %d decoder layers", n)
-    return model
 
 
 def apply_compile(model, c: Config):

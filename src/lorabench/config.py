@@ -433,8 +433,11 @@ LIGER_OPS = ("rms_norm", "rope", "swiglu", "fused_linear_cross_entropy")
 @dataclass
 class BackendConfig:
     name: Backend = MISSING
-    # Liger-Kernel ops swapped in (Triton kernels: CUDA only). fused_linear_cross_entropy computes the
-    # loss chunk by chunk from the last hidden states: the [tokens x 32768] fp32 logits are never stored.
+    # Liger-Kernel ops swapped in (Triton kernels: CUDA only), through Liger's patch for the model's
+    # architecture (lorabench.fastpath.LIGER); swiglu is its gated-MLP kernel: SwiGLU, or GeGLU on Gemma.
+    # fused_linear_cross_entropy computes the loss chunk by chunk from the last hidden states: the
+    # [tokens x 32768] fp32 logits are never stored. Each backend.* part of the fast path, what it needs
+    # and the order it goes in: lorabench.fastpath.PARTS.
     liger: List[str] = field(default_factory=list)
     # QLoRA's prepare_model_for_kbit_training casts every unquantised weight (embeddings, norms, output
     # head) to fp32: the residual stream then runs in fp32 and every linear layer's input is cast back

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import sys
 import types
 from dataclasses import dataclass
 
@@ -101,6 +102,13 @@ def _weight(proj: Projection, dtype: torch.dtype) -> torch.Tensor:
     return bnbf.dequantize_4bit(w.data, state).to(dtype)
 
 
+def _base(x2: torch.Tensor, proj: Projection, dtype: torch.dtype) -> torch.Tensor:
+    """X W^T, + b where the base layer has a (frozen) bias, as F.linear adds it (Qwen2's q/k/v)."""
+    bias = proj.base.bias
+    w = _weight(proj, dtype).t()
+    return x2 @ w if bias is None else torch.addmm(bias.to(dtype), x2, w)
+
+
 def _merges(group: tuple[Projection, ...], ps: tuple[float, ...]) -> bool:
     """Whether the group's adapters share their thin GEMMs: every projection adapted, none with dropout
     (with dropout each reads its own dropped-out input)."""
@@ -125,7 +133,7 @@ class _Projections(torch.autograd.Function):
         ys, xas, keys = [], [], []
         k = 0
         for proj, p in zip(group, ps):
-            y = x2 @ _weight(proj, dtype).t()
+            y = _base(x2, proj, dtype)
             if proj.lora is not None:
                 a, b = adapters[k], adapters[k + 1].to(dtype)
                 k += 2
@@ -257,52 +265,78 @@ def _split(module: nn.Module, **kernels: bool) -> Projection:
 
 
 def check_base(base: nn.Module) -> None:
-    """Refuse base layers the Function cannot run: 8-bit (bitsandbytes' int8 matmul) or with a bias."""
-    if getattr(base, "bias", None) is not None or type(base).__name__ == "Linear8bitLt":
-        raise ValueError(f"backend.fused_lora runs nf4, bf16, fp16 or fp32 base layers without bias, not "
+    """Refuse base layers the Function cannot run: 8-bit (bitsandbytes' int8 matmul), or with a bias that
+    trains (the Function returns no gradient for it; LoRA's bias="none" leaves biases frozen)."""
+    if type(base).__name__ == "Linear8bitLt":
+        raise ValueError(f"backend.fused_lora runs nf4, bf16, fp16 or fp32 base layers, not "
                          f"{type(base).__name__}: use backend.fused_lora=false with precision=int8")
+    if getattr(base, "bias", None) is not None and base.bias.requires_grad:
+        raise ValueError("backend.fused_lora runs base layers whose bias is frozen; this one trains its bias: "
+                         "use backend.fused_lora=false with it")
 
 
-def _attention_forward(self, hidden_states, position_embeddings, attention_mask, past_key_values=None,
+def _qkv(self, hidden_states) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v [batch, seq, heads, head_dim] from their projections, or cut from Phi-3's one qkv_proj."""
+    shape = (*hidden_states.shape[:-1], -1, self.head_dim)
+    out = project(hidden_states, self.lorabench_qkv, self.training, self.lorabench_seeded)
+    if len(out) == 1:  # [q | k | v] along the features, as Phi3Attention cuts them
+        q_size, kv_size = self.config.num_attention_heads * self.head_dim, self.num_key_value_heads * self.head_dim
+        out = (out[0][..., :q_size], out[0][..., q_size:q_size + kv_size], out[0][..., q_size + kv_size:])
+    return tuple(t.view(shape) for t in out)
+
+
+def _attention_forward(self, hidden_states, position_embeddings=None, attention_mask=None, past_key_values=None,
                        **kwargs):
-    """transformers 5's MistralAttention.forward with q, k, v and o through `project`."""
-    from transformers.models.mistral import modeling_mistral as mm
-
+    """The attention forward of transformers 5 (Mistral, Llama, Qwen2/3, Mixtral, Qwen3-MoE, Phi-3,
+    Gemma-2/3: lorabench.fastpath.ATTENTION) with its projections through `project`: their biases inside it,
+    QK-norm per head before RoPE where the layer has q_norm/k_norm, each layer's sliding window and scaling,
+    Gemma-2's soft-capping. RoPE and the eager attention are the architecture module's own (Liger's RoPE
+    where its patch put it there), looked up per call as transformers' forward does."""
+    arch = sys.modules[type(self).__module__]
     input_shape = hidden_states.shape[:-1]
-    hidden_shape = (*input_shape, -1, self.head_dim)
-    q, k, v = (t.view(hidden_shape).transpose(1, 2)
-               for t in project(hidden_states, self.lorabench_qkv, self.training, self.lorabench_seeded))
+    q, k, v = _qkv(self, hidden_states)
+    if hasattr(self, "q_norm"):  # Qwen3, Gemma-3: RMSNorm over each head's features
+        q, k = self.q_norm(q), self.k_norm(k)
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     cos, sin = position_embeddings
-    q, k = mm.apply_rotary_pos_emb(q, k, cos, sin)  # looked up per call: Liger's when it is patched in
+    q, k = arch.apply_rotary_pos_emb(q, k, cos, sin)
     if past_key_values is not None:
         k, v = past_key_values.update(k, v, self.layer_idx)
-    attention = mm.ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation,
-                                                         mm.eager_attention_forward)
-    out, weights = attention(self, q, k, v, attention_mask, dropout=0.0 if not self.training else self.attention_dropout,
-                             scaling=self.scaling, sliding_window=getattr(self.config, "sliding_window", None),
-                             **kwargs)
+    attention = arch.ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation,
+                                                           arch.eager_attention_forward)
+    # A window per layer (Qwen2/3, Gemma: self.sliding_window, None on global layers), else the config's
+    # (Mistral, Mixtral, Phi-3); Llama passes none (its config has none).
+    window = self.sliding_window if hasattr(self, "sliding_window") else getattr(self.config, "sliding_window", None)
+    if self.lorabench_softcap:
+        kwargs["softcap"] = self.attn_logit_softcapping
+    out, weights = attention(self, q, k, v, attention_mask, dropout=self.attention_dropout if self.training else 0.0,
+                             scaling=self.scaling, sliding_window=window, **kwargs)
     out = out.reshape(*input_shape, -1).contiguous()
     (out,) = project(out, self.lorabench_o, self.training, self.lorabench_seeded)
     return out, weights
 
 
-def patch_attention(layers, seeded_dropout: bool, **kernels: bool) -> int:
+def patch_attention(layers, seeded_dropout: bool, softcap: bool = False, **kernels: bool) -> int:
     """Route each decoder layer's attention projections through `project`; returns how many layers.
+    softcap: pass the layer's attn_logit_softcapping to its attention (Gemma-2's forward does).
     `kernels`: Projection's switches (triton_dequant, absmax_cache, triton_grad)."""
     split = functools.partial(_split, **kernels)
     for layer in layers:
         attn = layer.self_attn
-        attn.lorabench_seeded = seeded_dropout
-        attn.lorabench_qkv = tuple(split(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj))
+        attn.lorabench_seeded, attn.lorabench_softcap = seeded_dropout, softcap
+        names = ("qkv_proj",) if hasattr(attn, "qkv_proj") else ("q_proj", "k_proj", "v_proj")
+        attn.lorabench_qkv = tuple(split(getattr(attn, n)) for n in names)
         attn.lorabench_o = (split(attn.o_proj),)
         attn.forward = types.MethodType(_attention_forward, attn)
     return len(layers)
 
 
 def _mlp_forward(self, x):
-    """MistralMLP.forward (or Liger's SwiGLU MLP's) with gate/up and down through `project`; with
+    """The gated MLP's forward (Mistral's SwiGLU, Gemma's GeGLU, or Liger's kernels for them) with gate/up
+    and down through `project`; Phi-3's one gate_up_proj cut in halves as Phi3MLP cuts it; with
     swiglu_in_gemm on CUDA, SwiGLU and down through _SwiGLUDown."""
-    gate, up = project(x, self.lorabench_gate_up, self.training, self.lorabench_seeded)
+    gate_up = project(x, self.lorabench_gate_up, self.training, self.lorabench_seeded)
+    gate, up = gate_up[0].chunk(2, dim=-1) if len(gate_up) == 1 else gate_up
     if self.lorabench_swiglu_gemm and gate.is_cuda:
         with torch.autocast(gate.device.type, enabled=False):
             return _SwiGLUDown.apply(gate, up, self.lorabench_down[0])
@@ -344,13 +378,20 @@ class _SwiGLUDown(torch.autograd.Function):
 
 
 def _activation(mlp: nn.Module):
-    """act(gate) * up as the MLP computes it: Liger's SwiGLU kernel where Liger patched the MLP
-    (it rebinds forward and _get_name on the instance), else the model's act_fn and a multiply."""
-    if mlp._get_name() == "LigerSwiGLUMLP":
+    """act(gate) * up as the MLP computes it: Liger's SwiGLU or GeGLU kernel where Liger's patch put it in
+    the MLP's forward (it rebinds forward and _get_name on the instance), else the model's activation
+    (act_fn; Phi-3's activation_fn) and a multiply (Phi-3 multiplies up * act(gate): the same product)."""
+    name = mlp._get_name()
+    if name in ("LigerSwiGLUMLP", "LigerPhi3SwiGLUMLP"):
         from liger_kernel.transformers.swiglu import _swiglu_dispatch
 
         return _swiglu_dispatch
-    return lambda gate, up: mlp.act_fn(gate) * up
+    if name == "LigerGEGLUMLP":
+        from liger_kernel.ops import LigerGELUMulFunction
+
+        return LigerGELUMulFunction.apply
+    act = mlp.act_fn if hasattr(mlp, "act_fn") else mlp.activation_fn
+    return lambda gate, up: act(gate) * up
 
 
 def patch_mlp(layers, seeded_dropout: bool, swiglu_in_gemm: bool = False, **kernels: bool) -> int:
@@ -364,9 +405,11 @@ def patch_mlp(layers, seeded_dropout: bool, swiglu_in_gemm: bool = False, **kern
     for layer in layers:
         mlp = layer.mlp
         mlp.lorabench_seeded, mlp.lorabench_act = seeded_dropout, _activation(mlp)
-        mlp.lorabench_gate_up = tuple(split(m) for m in (mlp.gate_proj, mlp.up_proj))
+        names = ("gate_up_proj",) if hasattr(mlp, "gate_up_proj") else ("gate_proj", "up_proj")
+        mlp.lorabench_gate_up = tuple(split(getattr(mlp, n)) for n in names)
         mlp.lorabench_down = (split(mlp.down_proj),)
-        mlp.lorabench_swiglu_gemm = (swiglu_in_gemm and mlp.lorabench_down[0].lora is None
+        down = mlp.lorabench_down[0]
+        mlp.lorabench_swiglu_gemm = (swiglu_in_gemm and down.lora is None and down.base.bias is None
                                      and mlp._get_name() == "LigerSwiGLUMLP")
         mlp.forward = types.MethodType(_mlp_forward, mlp)
     return len(layers)

@@ -18,7 +18,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PrinterCallback, TrainerCallback, TrainingArguments
 
-from lorabench import backends, checks, data, distributed, modeling
+from lorabench import backends, checks, data, distributed, fastpath, modeling
 from lorabench.config import Backend, Config, GpuConfig, Precision
 from lorabench.devices import setup_device
 from lorabench.guard import Guard
@@ -240,11 +240,10 @@ def build_trainable_model(c: Config, device: torch.device):
     if c.backend.name is Backend.unsloth:
         return backends.build_unsloth(c, device)  # Unsloth's loader and LoRA do all of it
     model, weights = modeling.build_model(c, device)
-    model = backends.apply_varlen_attention(model, c, device)
-    model = backends.apply_kernels(model, c)  # Liger's fused ops go in before LoRA wraps the layers
+    model = fastpath.apply(model, c, device, fastpath.Stage.BEFORE_LORA)  # Liger's ops before LoRA wraps layers
     model = modeling.apply_lora(model, c.lora, c.precision.name, c.train.gradient_checkpointing,
                                 c.backend.upcast_fp32)
-    model = backends.apply_fused_lora(model, c)
+    model = fastpath.apply(model, c, device, fastpath.Stage.AFTER_LORA)
     checkpointed, offloaded = backends.apply_checkpointing(model, c.train, device)
     return backends.apply_compile(model, c), weights, (checkpointed, offloaded)
 

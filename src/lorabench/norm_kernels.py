@@ -106,7 +106,8 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, norm: torch.nn.Module)
 def _layer_forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
                    use_cache=False, position_embeddings=None, **kwargs):
     """transformers 5's MistralDecoderLayer.forward with the attention's residual add inside the
-    post-attention RMSNorm (add_rms_norm)."""
+    post-attention RMSNorm (add_rms_norm). The layers of lorabench.fastpath.MISTRAL_LAYERS are this one
+    (Llama, Qwen2/3, Mixtral, Qwen3-MoE; Phi-3 without residual dropout); the fast path refuses others."""
     residual = hidden_states
     hidden_states, _ = self.self_attn(hidden_states=self.input_layernorm(hidden_states),
                                       attention_mask=attention_mask, position_ids=position_ids,

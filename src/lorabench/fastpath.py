@@ -1,0 +1,473 @@
+"""backend=fast in one place: its parts, what each needs, the check of those needs before a cell runs,
+and the order in which the parts go into the model.
+
+Each part is one BackendConfig key (the table PARTS, in the order the parts are applied). A part needs
+  - architecture features it supports, read from the model's transformers config (`features`: the only
+    place that reads them); where the architecture has one it lacks, the cell is skipped (exit 5) with one
+    line naming the part and the feature: the fast path is exact or refused, never a different model;
+  - CUDA (`Cuda`): some parts are CUDA kernels with the same arithmetic in PyTorch elsewhere (FALLBACK),
+    some only exist on CUDA and leave the model as it is elsewhere (ONLY), Liger's need it (REQUIRED);
+  - other parts (`through`): a part that acts through another does nothing without it (logged).
+
+"Exact" means: the same model as backend=hf computes, the same forward written by transformers for that
+architecture, with only where the arithmetic happens changed. tests/test_fast_arch.py holds each
+architecture to it (fp32 on CPU; bf16 with Liger on a GPU).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import importlib
+import importlib.util
+import logging
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from lorabench import data, packed_attention
+from lorabench.config import Config
+from lorabench.results import CellSkipped
+
+log = logging.getLogger(__name__)
+
+
+# ---- the architecture's features, read from its transformers config ----------------------------------
+
+@dataclass(frozen=True)
+class Features:
+    """What the fast path's parts ask of an architecture (see the predicates below)."""
+    model_type: str
+    qkv_bias: bool  # a bias on q, k and v (Qwen2)
+    qk_norm: bool  # RMSNorm on q and k per head before RoPE (Qwen3, Gemma-3)
+    sandwich_norms: bool  # norms after attention and MLP too, +1 norm offset, scaled embeddings (Gemma-2/3)
+    attn_softcap: float | None  # attention logits soft-capped (Gemma-2 passes it to its attention)
+    activation: str  # the gated MLP's activation: silu (SwiGLU), gelu_pytorch_tanh (GeGLU)
+    fused_qkv: bool  # one qkv_proj and one gate_up_proj (Phi-3)
+    moe: bool  # MLP of routed experts (Mixtral, Qwen3-MoE)
+    rotary_fraction: float  # the share of head_dim that RoPE rotates (Phi-4-mini: 0.75)
+    bidirectional: bool  # attention not causal
+    resid_dropout: float  # dropout on the residual branches (Phi-3's resid_pdrop)
+    head_dim: int
+
+
+def _model_type(hf) -> str:
+    return getattr(hf, "model_type", "") or ""
+
+
+def _qkv_bias(hf) -> bool:
+    return _model_type(hf) == "qwen2" or bool(getattr(hf, "attention_bias", False))
+
+
+def _qk_norm(hf) -> bool:
+    return _model_type(hf) in ("qwen3", "qwen3_moe", "gemma3_text")
+
+
+def _sandwich_norms(hf) -> bool:
+    return _model_type(hf) in ("gemma2", "gemma3_text")
+
+
+def _attn_softcap(hf) -> float | None:
+    # Gemma-3's config carries the key too, but its attention does not pass it on (transformers 5)
+    return getattr(hf, "attn_logit_softcapping", None) if _model_type(hf) == "gemma2" else None
+
+
+def _rotary_fraction(hf) -> float:
+    rope = getattr(hf, "rope_parameters", None) or {}
+    return float(rope.get("partial_rotary_factor", getattr(hf, "partial_rotary_factor", 1.0)) or 1.0)
+
+
+def features(hf) -> Features:
+    """The features of the architecture that `hf` (a transformers PretrainedConfig) describes."""
+    return Features(
+        model_type=_model_type(hf), qkv_bias=_qkv_bias(hf), qk_norm=_qk_norm(hf),
+        sandwich_norms=_sandwich_norms(hf), attn_softcap=_attn_softcap(hf),
+        activation=getattr(hf, "hidden_act", None) or getattr(hf, "hidden_activation", None) or "",
+        fused_qkv=_model_type(hf) == "phi3",
+        moe=bool(getattr(hf, "num_local_experts", 0) or getattr(hf, "num_experts", 0)),
+        rotary_fraction=_rotary_fraction(hf),
+        bidirectional=bool(getattr(hf, "use_bidirectional_attention", False)),
+        resid_dropout=float(getattr(hf, "resid_pdrop", 0.0) or 0.0),
+        head_dim=getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads)
+
+
+def hf_config(c: Config):
+    """The transformers config of the cell's model: model.path's config.json, else the one the
+    random initialisation is built from."""
+    if c.model.path:
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(os.path.expanduser(c.model.path),
+                                          trust_remote_code=c.model.trust_remote_code)
+    from lorabench import modeling
+
+    return modeling.mistral_config(c.model)
+
+
+# ---- Liger-Kernel's patch for each architecture ----------------------------------------------------------
+
+@dataclass(frozen=True)
+class LigerPatch:
+    """liger_kernel.transformers.<function>, and what it replaces in transformers' <module> for the whole
+    process (undone when the cell ends: a multirun's next cell, maybe backend=hf, runs in this process)."""
+    function: str
+    module: str
+    attrs: tuple[str, ...]
+    mlp: str = "swiglu"  # the keyword of its gated-MLP kernel: swiglu, or geglu (Gemma)
+
+
+def _liger(name: str, prefix: str, mlp_class: str = "MLP", mlp: str = "swiglu") -> LigerPatch:
+    return LigerPatch(f"apply_liger_kernel_to_{name}", f"transformers.models.{name.split('_text')[0]}."
+                      f"modeling_{name.split('_text')[0]}",
+                      ("apply_rotary_pos_emb", f"{prefix}RMSNorm", f"{prefix}{mlp_class}"), mlp)
+
+
+# Read from liger_kernel/transformers/monkey_patch.py (0.8.5): each replaces RoPE, the RMSNorm class and the
+# MLP (or experts) class at module level, and on the instance its norms, MLPs and forward (the fused loss).
+LIGER = {
+    "mistral": LigerPatch("apply_liger_kernel_to_mistral", "transformers.models.mistral.modeling_mistral",
+                          ("apply_rotary_pos_emb", "MistralRMSNorm", "MistralMLP", "CrossEntropyLoss")),
+    "llama": _liger("llama", "Llama"),
+    "qwen2": _liger("qwen2", "Qwen2"),
+    "qwen3": _liger("qwen3", "Qwen3"),
+    "qwen3_moe": _liger("qwen3_moe", "Qwen3Moe", "Experts"),
+    "mixtral": _liger("mixtral", "Mixtral", "Experts"),
+    "phi3": _liger("phi3", "Phi3"),
+    "gemma2": _liger("gemma2", "Gemma2", mlp="geglu"),  # offset 1 and gemma casting in its RMSNorm
+    "gemma3_text": _liger("gemma3_text", "Gemma3", mlp="geglu"),  # its q_norm/k_norm too
+}
+# The activation each gated-MLP kernel computes (Liger's SwiGLU: silu; its GeGLU: tanh-approximated GELU).
+LIGER_ACTIVATION = {"swiglu": ("silu", "swish"), "geglu": ("gelu_pytorch_tanh",)}
+
+
+# ---- what each part lacks on an architecture ---------------------------------------------------------
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a part cannot compute the architecture's model, and the setting that leaves it out."""
+    reason: str
+    fix: str
+
+
+# The attentions lorabench.fused's forward computes as transformers writes them (q/k/v bias, QK-norm,
+# fused qkv_proj, per-layer sliding windows, Gemma-2's soft-capping and query_pre_attn_scalar scaling).
+ATTENTION = ("mistral", "llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "phi3", "gemma2", "gemma3_text")
+# Decoder layers that are Mistral's (pre-norms, residual adds, nothing else): lorabench.norm_kernels'
+# layer forward computes them.
+MISTRAL_LAYERS = ("mistral", "llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "phi3")
+
+
+def _liger_lacks(f: Features, c: Config) -> Refusal | None:
+    ops = list(c.backend.liger)
+    patch = LIGER.get(f.model_type)
+    if patch is None:
+        return Refusal(f"has no Liger patch for {f.model_type or 'this model'} (it has {', '.join(LIGER)})",
+                       "backend.liger=[]")
+    without = lambda op: f"backend.liger=[{','.join(o for o in ops if o != op)}]"  # noqa: E731
+    if "rope" in ops and f.rotary_fraction < 1:
+        return Refusal(f"rope rotates the whole head; {f.model_type} rotates {f.rotary_fraction:g} of it "
+                       "(partial_rotary_factor)", without("rope"))
+    if "swiglu" in ops and f.activation not in LIGER_ACTIVATION[patch.mlp]:
+        return Refusal(f"swiglu is Liger's {patch.mlp} kernel for {f.model_type} "
+                       f"({'/'.join(LIGER_ACTIVATION[patch.mlp])}); its MLP uses {f.activation}", without("swiglu"))
+    return None
+
+
+# The forwards lorabench.fused and lorabench.norm_kernels compute are transformers 5's (checked per
+# architecture by tests/test_fast_arch.py against the installed version); another major version may
+# have other forwards.
+FORWARDS_OF = "5"
+
+
+def _transformers_major() -> str:
+    import transformers
+
+    return transformers.__version__.split(".")[0]
+
+
+def _forward_lacks(key: str, what: str) -> Refusal | None:
+    if _transformers_major() != FORWARDS_OF:
+        import transformers
+
+        return Refusal(f"computes transformers {FORWARDS_OF}'s {what}; transformers {transformers.__version__} "
+                       "is installed", f"backend.{key}=false")
+    return None
+
+
+def _attention_lacks(f: Features, c: Config) -> Refusal | None:
+    if (version := _forward_lacks("fused_lora", "attention forwards")) is not None:
+        return version
+    if f.model_type not in ATTENTION:
+        return Refusal(f"computes the attention of {'/'.join(ATTENTION)}; {f.model_type} is not among them",
+                       "backend.fused_lora=false")
+    if f.bidirectional:
+        return Refusal(f"computes causal attention; this {f.model_type} attends both ways "
+                       "(use_bidirectional_attention)", "backend.fused_lora=false")
+    return None
+
+
+def _mlp_lacks(f: Features, c: Config) -> Refusal | None:
+    if f.moe:
+        return Refusal(f"computes dense gated MLPs; {f.model_type} routes tokens to experts (MoE)",
+                       "backend.fused_mlp=false")
+    if f.model_type not in ATTENTION:
+        return Refusal(f"computes the gated MLPs of {'/'.join(ATTENTION)}; {f.model_type} is not among them",
+                       "backend.fused_mlp=false")
+    return None
+
+
+def _add_norm_lacks(f: Features, c: Config) -> Refusal | None:
+    if (version := _forward_lacks("fused_add_norm", "decoder layer forward")) is not None:
+        return version
+    if f.sandwich_norms:
+        return Refusal(f"computes Mistral's decoder layer ({'/'.join(MISTRAL_LAYERS)}); {f.model_type} has "
+                       "sandwich norms", "backend.fused_add_norm=false")
+    if f.model_type not in MISTRAL_LAYERS:
+        return Refusal(f"computes Mistral's decoder layer ({'/'.join(MISTRAL_LAYERS)}); {f.model_type} is not "
+                       "among them", "backend.fused_add_norm=false")
+    if f.resid_dropout:
+        return Refusal(f"computes a decoder layer without residual dropout; {f.model_type} drops "
+                       f"{f.resid_dropout:g} (resid_pdrop)", "backend.fused_add_norm=false")
+    return None
+
+
+def _varlen_lacks(f: Features, c: Config) -> Refusal | None:
+    if f.attn_softcap is not None:
+        return Refusal(f"is flash attention, without logit soft-capping; {f.model_type} caps attention "
+                       f"logits at {f.attn_softcap:g}", "backend.varlen_attention=false")
+    if f.bidirectional:
+        return Refusal(f"is causal; this {f.model_type} attends both ways", "backend.varlen_attention=false")
+    if f.head_dim > 256:
+        return Refusal(f"is flash attention (head_dim <= 256); {f.model_type} has head_dim {f.head_dim}",
+                       "backend.varlen_attention=false")
+    return None
+
+
+def _supports_all(f: Features, c: Config) -> Refusal | None:
+    return None
+
+
+# ---- the parts ---------------------------------------------------------------------------------------
+
+class Cuda(enum.Enum):
+    ANY = "runs anywhere"
+    FALLBACK = "a CUDA kernel; elsewhere the same arithmetic in PyTorch"
+    ONLY = "CUDA only; elsewhere the cell runs without it (the same model)"
+    REQUIRED = "CUDA only (Triton kernels); refused elsewhere"
+
+
+class Stage(enum.Enum):
+    CELL = "around the whole cell (around_cell)"
+    DATA = "the batches (lorabench.data)"
+    BEFORE_LORA = "on the model before LoRA wraps its linear layers (apply)"
+    LORA = "where LoRA wraps the model (lorabench.modeling.apply_lora)"
+    AFTER_LORA = "on the model after LoRA (apply)"
+    KERNEL = "inside another part's kernels (lorabench.fused)"
+    TRAINER = "the Trainer's step (lorabench.meter)"
+    COMPILE = "after checkpointing (lorabench.backends.apply_compile)"
+
+
+@dataclass(frozen=True)
+class Part:
+    """One BackendConfig key of the fast path and what it needs."""
+    key: str
+    what: str
+    stage: Stage
+    cuda: Cuda = Cuda.ANY
+    through: tuple[str, ...] = ()  # the parts it acts through: with none of them on it does nothing
+    lacks: Callable[[Features, Config], Refusal | None] = _supports_all
+    apply: Callable | None = None  # (model, c, device, features) -> model, at BEFORE_LORA / AFTER_LORA
+
+    def on(self, c: Config) -> bool:
+        if self.key == "upcast_fp32":  # the part is its absence: bf16 norms and residual stream
+            return not c.backend.upcast_fp32
+        return bool(getattr(c.backend, self.key))
+
+
+def decoder_layers(model):
+    """The decoder layers of a (PEFT-wrapped) causal LM."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return base.model.layers
+
+
+def _apply_varlen(model, c: Config, device: torch.device, f: Features):
+    if data.packs(c) and packed_attention.runs_on(device):
+        packed_attention.use(model)
+        log.info("attention over packed rows: %s (varlen flash attention, no mask)", packed_attention.NAME)
+    return model
+
+
+def _apply_liger(model, c: Config, device: torch.device, f: Features):
+    patch = LIGER[f.model_type]
+    apply_patch = getattr(importlib.import_module("liger_kernel.transformers.monkey_patch"), patch.function)
+    ops = set(c.backend.liger)
+    apply_patch(model=model, rope="rope" in ops, rms_norm="rms_norm" in ops,
+                fused_linear_cross_entropy="fused_linear_cross_entropy" in ops, **{patch.mlp: "swiglu" in ops})
+    log.info("Liger-Kernel ops on the model (%s): %s", patch.function, sorted(ops))
+    return model
+
+
+def _kernels(c: Config) -> dict:
+    return dict(triton_dequant=c.backend.triton_dequant, absmax_cache=c.backend.absmax_cache)
+
+
+def _apply_fused_lora(model, c: Config, device: torch.device, f: Features):
+    from lorabench import fused
+
+    # triton_input_grad: the attention's groups only; the MLP's input gradients (K = 2 x 14,336 for
+    # gate/up) ran slower in lorabench.grad_kernels than in cuBLAS (docs/performance.md, sixth round)
+    n = fused.patch_attention(decoder_layers(model), c.backend.seeded_dropout, softcap=f.attn_softcap is not None,
+                              triton_grad=c.backend.triton_input_grad, **_kernels(c))
+    log.info("fused LoRA projections in %d decoder layers", n)
+    return model
+
+
+def _apply_fused_mlp(model, c: Config, device: torch.device, f: Features):
+    from lorabench import fused
+
+    n = fused.patch_mlp(decoder_layers(model), c.backend.seeded_dropout, c.backend.swiglu_in_gemm, **_kernels(c))
+    log.info("fused MLP projections in %d decoder layers", n)
+    return model
+
+
+def _apply_add_norm(model, c: Config, device: torch.device, f: Features):
+    from lorabench import norm_kernels
+
+    n = norm_kernels.patch_add_norm(decoder_layers(model))
+    log.info("the attention's residual add inside the post-attention RMSNorm in %d decoder layers", n)
+    return model
+
+
+FUSED = ("fused_lora", "fused_mlp")
+# In the order they are applied (within a stage, top first).
+PARTS = (
+    Part("expandable_segments", "the caching allocator's expandable segments", Stage.CELL, Cuda.ONLY),
+    Part("norm_backward_grid", "Liger's RMSNorm backward on a full grid where the weight is frozen "
+         "(lorabench.norm_kernels)", Stage.CELL, Cuda.FALLBACK, through=("liger",)),
+    Part("pack", "samples packed into full rows where the data has padding", Stage.DATA),
+    Part("varlen_attention", "packed rows' attention as varlen flash attention, no mask "
+         "(lorabench.packed_attention)", Stage.BEFORE_LORA, Cuda.ONLY, lacks=_varlen_lacks, apply=_apply_varlen),
+    Part("liger", "Liger-Kernel's RMSNorm, RoPE, gated MLP and fused linear cross-entropy, its patch for the "
+         "architecture (LIGER)", Stage.BEFORE_LORA, Cuda.REQUIRED, lacks=_liger_lacks, apply=_apply_liger),
+    Part("upcast_fp32", "(false) norms, embeddings and head kept in bf16: a bf16 residual stream", Stage.LORA),
+    Part("fused_lora", "the attention's projections and adapters in one autograd Function per group "
+         "(lorabench.fused)", Stage.AFTER_LORA, lacks=_attention_lacks, apply=_apply_fused_lora),
+    Part("fused_mlp", "the MLP's projections through the same Function", Stage.AFTER_LORA, lacks=_mlp_lacks,
+         apply=_apply_fused_mlp),
+    Part("fused_add_norm", "the attention's residual add inside the next RMSNorm (Liger's fused add + RMSNorm "
+         "on CUDA; lorabench.norm_kernels)", Stage.AFTER_LORA, Cuda.FALLBACK, lacks=_add_norm_lacks,
+         apply=_apply_add_norm),
+    Part("seeded_dropout", "LoRA dropout's masks drawn again from a seed in the backward", Stage.KERNEL,
+         Cuda.FALLBACK, through=FUSED),
+    Part("triton_dequant", "nf4 weights dequantised by a Triton kernel (lorabench.nf4_kernels)", Stage.KERNEL,
+         Cuda.FALLBACK, through=FUSED),
+    Part("absmax_cache", "triton_dequant's block scales kept", Stage.KERNEL, Cuda.FALLBACK,
+         through=("triton_dequant",)),
+    Part("triton_input_grad", "the attention's input gradients as one Triton GEMM (lorabench.grad_kernels)",
+         Stage.KERNEL, Cuda.FALLBACK, through=("fused_lora",)),
+    Part("swiglu_in_gemm", "SwiGLU's backward in the down projection's GEMM, where down has no adapter",
+         Stage.KERNEL, Cuda.ONLY, through=("fused_mlp",)),
+    Part("flat_optimizer", "the adapters updated as one flat tensor (lorabench.flat_optim)", Stage.TRAINER),
+    Part("lean_step", "the Trainer's per-step host work cut (lorabench.meter.lean_step)", Stage.TRAINER),
+    Part("compile", "torch.compile of each decoder layer", Stage.COMPILE),
+)
+
+
+# ---- before a cell: the check; while building the model: the parts in order ------------------------------
+
+def parts_on(c: Config) -> list[Part]:
+    return [p for p in PARTS if p.on(c)]
+
+
+def _triton_interpreter() -> bool:
+    # Triton's interpreter runs kernels on CPU tensors (slowly): the tests use it for the ops it supports.
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def check_parts(c: Config, hf, device: torch.device) -> None:
+    """Before the model is built: refuse a part that cannot compute this architecture's model (CellSkipped:
+    status skipped, exit 5, one line naming the part and the feature it lacks; on any device, as the same
+    cell would be on any other), then one that needs CUDA or a package missing here (RuntimeError); log
+    the parts that have nothing to act through."""
+    name, f, on = c.backend.name.value, features(hf), parts_on(c)
+    for part in on:
+        refusal = part.lacks(f, c)
+        if refusal is not None:
+            raise CellSkipped(f"backend={name}: {part.key} {refusal.reason} (use backend=hf, or {refusal.fix})")
+    for part in on:
+        if part.cuda is Cuda.REQUIRED and device.type != "cuda" and not _triton_interpreter():
+            raise RuntimeError(f"backend={name} uses Liger-Kernel's Triton kernels (backend.liger="
+                               f"{list(c.backend.liger)}), which need a CUDA GPU; on CPU use backend=hf or "
+                               "backend.liger=[]")
+        if part.key == "liger" and importlib.util.find_spec("liger_kernel") is None:
+            raise RuntimeError(f"backend={name} needs Liger-Kernel: pip install liger-kernel "
+                               f"(or backend.liger=[] to run without its kernels)")
+        if part.through and not {p.key for p in on}.intersection(part.through):
+            log.info("backend.%s acts through %s, none of them on: it does nothing here", part.key,
+                     "/".join(part.through))
+
+
+def apply(model, c: Config, device: torch.device, stage: Stage):
+    """The parts of `stage` (BEFORE_LORA or AFTER_LORA) that are on, in PARTS' order."""
+    f = features(model.config)
+    for part in PARTS:
+        if part.stage is stage and part.apply is not None and part.on(c):
+            model = part.apply(model, c, device, f)
+    return model
+
+
+# ---- around a cell: what the parts change for the whole process, undone after -----------------------------
+
+@contextlib.contextmanager
+def around_cell(c: Config, hf=None):
+    """The allocator's settings, Liger's module-level replacements in transformers' code for the cell's
+    architecture (`hf`, its transformers config: by default the cell's model's) and lorabench's launch of
+    Liger's RMSNorm backward; undone at the end, whatever happened (a multirun trains its next cell, maybe
+    backend=hf, in the same process)."""
+    from lorabench import norm_kernels
+
+    with _allocator(c), _liger_undone(c, hf), \
+            norm_kernels.frozen_weight_grid(c.backend.norm_backward_grid and "rms_norm" in c.backend.liger):
+        yield
+
+
+@contextlib.contextmanager
+def _allocator(c: Config):
+    if not (c.backend.expandable_segments and torch.cuda.is_available()):
+        yield
+        return
+    torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+    try:
+        yield
+    finally:  # the next cell of a multirun (maybe hf) gets the allocator as PyTorch sets it
+        torch.cuda.empty_cache()
+        torch.cuda.memory._set_allocator_settings("expandable_segments:False")
+
+
+def _liger_patch(c: Config, hf) -> LigerPatch | None:
+    if not c.backend.liger:
+        return None
+    try:
+        return LIGER.get(features(hf if hf is not None else hf_config(c)).model_type)
+    except (OSError, ValueError):  # no readable config: the cell fails its checks before Liger goes in
+        return None
+
+
+@contextlib.contextmanager
+def _liger_undone(c: Config, hf=None):
+    patch = _liger_patch(c, hf)
+    if patch is None:
+        yield
+        return
+    module = importlib.import_module(patch.module)
+    saved = {a: getattr(module, a) for a in patch.attrs if hasattr(module, a)}
+    try:
+        yield
+    finally:
+        for a in patch.attrs:
+            if a in saved:
+                setattr(module, a, saved[a])
+            elif hasattr(module, a):  # one Liger added (CrossEntropyLoss where transformers has none)
+                delattr(module, a)
