@@ -175,6 +175,8 @@ def free_space(path: Path) -> str:
 
 def describe(e: BaseException, where: Path | None = None) -> str:
     """An exception as one line; a failed write names its file, the reason and the free space."""
+    if isinstance(e, RunDirError):
+        return str(e)
     name = getattr(e, "filename", None) or where
     if name is not None:  # an atomic write's temporary name (results.atomic_write_text): the file it stands for
         name = Path(name).with_name(re.sub(r"^\.(.+)\.[^.]+\.tmp$", r"\1", Path(name).name))
