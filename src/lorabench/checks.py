@@ -36,7 +36,7 @@ def value_problems(c: Config) -> list[Exception]:
     """What check_values finds, each check on its own: a multirun's preflight lists them all."""
     found = []
     for check in (check_shapes, check_targets, check_backend, check_run, lambda c: check_model_path(c.model),
-                  check_data_path, lambda c: tokenizer_file(c.model)):  # the last names a missing tokenizer file
+                  check_data_path, check_vocab):
         try:
             check(c)
         except (ValueError, FileNotFoundError) as e:
@@ -80,6 +80,29 @@ def check_run(c: Config) -> None:
     for key, seed in (("train.seed", c.train.seed), ("data.seed", c.data.seed)):
         if not 0 <= seed < 2**32:
             raise ValueError(f"{key} must be in [0, 2**32 - 1], got {seed}")
+
+
+def check_vocab(c: Config) -> None:
+    """A randomly initialised model (model.path null) must embed every token id the data holds: the
+    tokenizer's ids for text data, [FIRST_PLAIN_TOKEN, vocab_size) for synthetic rows. (A checkpoint's
+    own config.json sets its vocabulary.) Names a missing tokenizer file too."""
+    path = tokenizer_file(c.model)
+    if c.model.path is not None:
+        return
+    if c.data.kind is DataKind.synthetic:
+        from lorabench.data import FIRST_PLAIN_TOKEN  # (here: lorabench.data imports transformers)
+
+        if c.model.vocab_size <= FIRST_PLAIN_TOKEN:
+            raise ValueError(f"model.vocab_size={c.model.vocab_size}: data=synthetic draws token ids from "
+                             f"[{FIRST_PLAIN_TOKEN}, vocab_size); use model.vocab_size > {FIRST_PLAIN_TOKEN}")
+        return
+    from mistral_common.tokens.tokenizers.mistral import MistralTokenizer  # (0.1 s to read the file)
+
+    words = MistralTokenizer.from_file(str(path)).instruct_tokenizer.tokenizer.n_words
+    if c.model.vocab_size < words:
+        raise ValueError(f"model.vocab_size={c.model.vocab_size} is smaller than the tokenizer's {words} tokens "
+                         f"(model.tokenizer={c.model.tokenizer}): ids past it would have no embedding; use "
+                         f"model.vocab_size >= {words}")
 
 
 def check_backend(c: Config) -> None:
