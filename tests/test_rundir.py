@@ -383,15 +383,18 @@ def test_cells_of_an_earlier_larger_sweep_stop_the_sweep(tmp_path):
 
 def test_sweep_overwrite_moves_the_earlier_sweep_aside_and_runs(tmp_path):
     plant_cell(tmp_path, 0, ["lora.r=8"])
-    proc = run_cli("train.py", ["-m", "batch=2,3", "train.max_steps=2", "train.timing_warmup_steps=0",
-                                "data.max_samples=8", "seq_len=32", "sweep.overwrite=true", f"hydra.sweep.dir={tmp_path}"],
-                   check=False)
+    sweep = ["-m", "batch=2,3", "train.max_steps=2", "train.timing_warmup_steps=0", "data.max_samples=8", "seq_len=32",
+             f"hydra.sweep.dir={tmp_path}"]
+    proc = run_cli("train.py", [*sweep, "sweep.overwrite=true"], check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "moved aside to" in proc.stderr and len(load_results(tmp_path)[0]) == 2
     [aside] = tmp_path.glob("replaced-*")
     assert (aside / "0" / "fingerprint.json").exists()
-    # by_name/ links with a relative sweep dir work too: see test_by_name_links_with_a_relative_sweep_dir
     assert sorted(p.name for p in (tmp_path / "by_name").iterdir()) == ["batch=2", "batch=3"]
+    # the same sweep again (sweep.* keys do not bind): both cells reported as finished, nothing moved
+    again = run_cli("train.py", sweep, check=False)
+    assert again.returncode == 0 and again.stderr.count("from an earlier run") == 2, again.stderr[-2000:]
+    assert len(list(tmp_path.glob("replaced-*"))) == 1
 
 
 def test_by_name_links_with_a_relative_sweep_dir(tmp_path, monkeypatch):

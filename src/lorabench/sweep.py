@@ -182,8 +182,10 @@ class Preflight(Callback):
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
         run_dir = Path(config.hydra.run.dir)
         check_writable(run_dir, "hydra.run.dir")
-        # Before Hydra writes .hydra/ for this run: an old run's own config is moved aside with it.
-        enter_dir(run_dir, task_config(config), "hydra.run.dir", keep=(rundir.LOCK_FILE,))
+        # Before Hydra writes .hydra/ for this run: an old run's own config is moved aside with it. (The
+        # nodes of a multi-node cell share its dir: each cell.run takes a lock of its own node's.)
+        if OmegaConf.select(config, "train.nnodes", default=1) == 1:
+            enter_dir(run_dir, task_config(config), "hydra.run.dir", keep=(rundir.LOCK_FILE,))
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         from hydra.core.global_hydra import GlobalHydra
