@@ -18,7 +18,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import FAST, REPO, compose_cfg, run_cli, run_in_process
+from conftest import FAST, REPO, Forked, compose_cfg, run_cli, run_in_process
 from omegaconf import OmegaConf
 
 from lorabench import cell, rundir
@@ -313,22 +313,38 @@ def test_a_result_that_cannot_be_written_fails_the_cell_and_leaves_no_half_file(
     no_half_files(tmp_path)
 
 
+def limit_file_size(max_bytes: int = 8192) -> None:
+    """In a child process: writes past max_bytes fail with EFBIG (SIGXFSZ ignored), as on a full disk."""
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (max_bytes, resource.RLIM_INFINITY))
+
+
+class FileSizeLimited(Forked):
+    def _child(self, cwd, env):
+        limit_file_size()
+        super()._child(cwd, env)
+
+
 def test_train_py_under_a_file_size_limit_fails_in_one_line_with_whole_files(tmp_path):
     """The whole path as a user meets it: steps.jsonl outgrows the limit mid-run (8 KiB: 35 steps
     of ~230 bytes; metrics.json, ~6 KB, still fits). Exit 2, one line, no traceback on the console,
     the traceback in error.txt, steps.jsonl whole lines."""
-    def limit():
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (8192, 8192))
+    import torch
 
     run = tmp_path / "run"
-    proc = subprocess.run([sys.executable, str(REPO / "train.py"), "train.max_steps=60", "train.timing_warmup_steps=2",
-                           "data.max_samples=16", "seq_len=32", "batch=2", f"hydra.run.dir={run}"], cwd=REPO,
-                          capture_output=True, text=True, preexec_fn=limit, timeout=300)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    argv = [str(REPO / "train.py"), "train.max_steps=60", "train.timing_warmup_steps=2", "data.max_samples=16",
+            "seq_len=32", "batch=2", f"hydra.run.dir={run}"]
+    if torch.get_num_threads() > 1:  # a fork would hang (conftest.Forked): a new interpreter
+        proc = subprocess.run([sys.executable, *argv], cwd=REPO, capture_output=True, text=True,
+                              preexec_fn=limit_file_size, timeout=300)
+        code, err = proc.returncode, proc.stderr
+    else:
+        child = FileSizeLimited(argv, REPO, {"PYTHONUNBUFFERED": "1"})
+        code, err = child.wait(300), child.output()[1]
+    assert code == 2 and "Traceback" not in err, err[-2000:]
     r = read_result(run / "metrics.json")
     assert r.error.startswith(f"cannot write {run / 'steps.jsonl'}: File too large (the process's file-size limit")
-    assert r.error in proc.stderr and r.metrics["count/steps_done"] >= 20 and "Traceback" in (run / "error.txt").read_text()
+    assert r.error in err and r.metrics["count/steps_done"] >= 20 and "Traceback" in (run / "error.txt").read_text()
     no_half_files(run)
 
 
@@ -486,16 +502,23 @@ def test_values_fail_before_the_model_is_built(tmp_path, capfd, overrides, words
     (["suite=hardware", "hardware.sizes=[-5]"], ["hardware.sizes must be a non-empty list of integers > 0", "[-5]"]),
     (["suite=hardware", "hardware.dtypes=[int3]"], ["hardware.dtypes=['int3']", "bf16"]),
     (["suite=consistency", "+consistency.relative.x=nan"], ["consistency.relative.x must be a finite", "nan"]),
-    (["suite=inference", "inference.repeats=0", "inference.new_tokens=-1"], ["inference.new_tokens must be > 0",
-                                                                             "inference.repeats must be > 0"]),
-], ids=["batches", "sizes", "dtypes", "nan-tolerance", "two-at-once"])
-def test_bench_values_are_checked_before_a_suite_runs(tmp_path, overrides, words):
-    proc = run_cli("bench.py", [*overrides, f"hydra.run.dir={tmp_path}"], check=False)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    line = [x for x in proc.stderr.splitlines() if x.startswith("bench.py: ")]
-    assert len(line) == 1
+    (["suite=inference", "seed=-3"], ["seed must be in [0, 2**32 - 1], got -3"]),
+], ids=["batches", "sizes", "dtypes", "nan-tolerance", "seed"])
+def test_bench_values_are_checked_before_a_suite_runs(overrides, words):
+    from lorabench.checks import bench_problems
+
+    found = bench_problems(OmegaConf.to_object(compose_cfg(overrides, config_name="bench")))
+    assert len(found) == 1, found
     for w in words:
-        assert w in line[0], (w, line)
+        assert w in str(found[0]), (w, found)
+
+
+def test_bench_py_names_every_bad_suite_value_in_one_line(tmp_path):
+    proc = run_cli("bench.py", ["suite=inference", "inference.repeats=0", "inference.new_tokens=-1",
+                                f"hydra.run.dir={tmp_path}"], check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    [line] = [x for x in proc.stderr.splitlines() if x.startswith("bench.py: ")]
+    assert "inference.new_tokens must be > 0, got -1" in line and "inference.repeats must be > 0, got 0" in line
     assert not (tmp_path / "metrics.json").exists()
 
 
