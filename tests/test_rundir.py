@@ -200,8 +200,8 @@ def test_the_lock_is_held_for_the_cell_and_given_back_after_it(tmp_path):
     seen = []
 
     def measure(c, ctx, result, logger):  # another process tries the dir while the cell runs
-        out = subprocess.run([sys.executable, "-c", "import sys; from lorabench import rundir; rundir.lock(sys.argv[1])",
-                              str(ctx.run_dir)], capture_output=True, text=True)
+        code = "import sys; from lorabench import rundir; rundir.lock(sys.argv[1])"
+        out = subprocess.run([sys.executable, "-c", code, str(ctx.run_dir)], capture_output=True, text=True)
         seen.append(out)
         return {}
 
@@ -271,7 +271,8 @@ def test_a_disk_full_cell_ends_failed_in_one_line_naming_the_file_and_the_free_s
     assert r.status is Status.failed and r.exit_code == 2
     assert r.error.startswith(f"cannot write {tmp_path / 'steps.jsonl'}: No space left on device; ")
     assert "MiB free there" in r.error and "\n" not in r.error and "Traceback" not in err
-    assert "OSError" in (tmp_path / "error.txt").read_text() and read_result(tmp_path / "metrics.json").error == r.error
+    assert "OSError" in (tmp_path / "error.txt").read_text()
+    assert read_result(tmp_path / "metrics.json").error == r.error
     no_half_files(tmp_path)
 
 
@@ -308,7 +309,8 @@ def test_a_result_that_cannot_be_written_fails_the_cell_and_leaves_no_half_file(
     monkeypatch.setattr(results.os, "fsync", real)
     err = capfd.readouterr().err
     assert r.status is Status.failed and r.exit_code == 2 and "Traceback" not in err
-    assert r.error.startswith(f"cannot write {tmp_path / 'metrics.json'}: No space left on device") and "(the cell: ok)" in r.error
+    assert r.error.startswith(f"cannot write {tmp_path / 'metrics.json'}: No space left on device")
+    assert "(the cell: ok)" in r.error
     assert not (tmp_path / "metrics.json").exists()
     no_half_files(tmp_path)
 
@@ -363,7 +365,8 @@ def test_a_run_dir_on_a_full_disk_is_named_before_hydra_writes(tmp_path):
                 pass
         proc = run_cli("train.py", [*TINY, f"hydra.run.dir={mnt}/run"], check=False)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr
-        assert f"hydra.run.dir={mnt}/run: cannot write there (No space left on device; 0.0 MiB free there)" in proc.stderr
+        assert f"hydra.run.dir={mnt}/run: cannot write there (No space left on device; 0.0 MiB free there)" \
+            in proc.stderr
         assert sorted(p.name for p in (mnt / "run").iterdir()) == []
     finally:
         subprocess.run(["umount", str(mnt)])
@@ -387,14 +390,15 @@ def test_a_sweep_into_the_dir_of_another_sweep_stops_in_preflight(tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     line = next(x for x in proc.stderr.splitlines() if x.startswith("invalid cell 0 (batch=8,"))
     assert line.endswith(f": {tmp_path / '0'} holds a run of another config (batch: 4 -> 8, lora.r: 8 -> 16)")
-    assert "sweep.overwrite=true moves the earlier runs aside" in proc.stderr and not (tmp_path / "multirun.yaml").exists()
+    assert "sweep.overwrite=true moves the earlier runs aside" in proc.stderr
+    assert not (tmp_path / "multirun.yaml").exists()
 
 
 def test_cells_of_an_earlier_larger_sweep_stop_the_sweep(tmp_path):
     plant_cell(tmp_path, 2, ["batch=3"])
     proc = run_cli("train.py", ["-m", "batch=2,3", *FAST, f"hydra.sweep.dir={tmp_path}"], check=False)
-    assert proc.returncode == 2 and f"{tmp_path / '2'} holds a cell of an earlier sweep that is not a cell of this one" \
-        in proc.stderr
+    assert proc.returncode == 2
+    assert f"{tmp_path / '2'} holds a cell of an earlier sweep that is not a cell of this one" in proc.stderr
 
 
 def test_sweep_overwrite_moves_the_earlier_sweep_aside_and_runs(tmp_path):

@@ -300,7 +300,7 @@ MEASURED = {Suite.hardware: hardware, Suite.loading: loading, Suite.inference: i
 def run_suite(cfg: DictConfig, ctx: RunContext) -> int:
     """Runs the chosen suite; returns the process exit code."""
     c: BenchConfig = OmegaConf.to_object(cfg)
-    if found := bench_problems(c):  # every bad suite value, one line, before anything runs (a multirun's preflight too)
+    if found := bench_problems(c):  # every bad suite value in one line, before anything runs (and in a preflight)
         print("bench.py: " + "; ".join(str(e) for e in found), file=sys.stderr)
         return EXIT_CODES[Status.failed]
     if c.suite is Suite.report:

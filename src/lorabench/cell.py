@@ -191,7 +191,8 @@ def close(result: CellResult, run_dir: Path, result_file: Path, logger: MetricLo
     try:
         write_result(result_file, result)  # atomic: a full disk leaves the old file or none, never half of one
     except OSError as e:
-        result.status, result.error = Status.failed, f"{rundir.describe(e, result_file)} (the cell: {result.error or 'ok'})"
+        result.status, result.error = Status.failed, f"{rundir.describe(e, result_file)} (the cell: " \
+            f"{result.error or 'ok'})"
     try:
         logger.finish(result)
     except Exception as e:  # a logger must never turn a measured cell into a lost one

@@ -143,7 +143,8 @@ def bench_problems(c: BenchConfig) -> list[Exception]:
             found.append(ValueError(message))
 
     h, inf, con = c.hardware, c.inference, c.consistency
-    for key, values in (("hardware.sizes", h.sizes), ("hardware.tokens", h.tokens), ("inference.batches", inf.batches)):
+    lists = (("hardware.sizes", h.sizes), ("hardware.tokens", h.tokens), ("inference.batches", inf.batches))
+    for key, values in lists:
         need(bool(values) and all(v > 0 for v in values), f"{key} must be a non-empty list of integers > 0, got "
                                                           f"{list(values)}")
     need(set(h.dtypes) <= set(BENCH_DTYPES) and bool(h.dtypes),
