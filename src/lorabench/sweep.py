@@ -1,14 +1,19 @@
 """A multirun from start to end, as Hydra callbacks (conf/train.yaml, hydra.callbacks):
 
-  Preflight     before the first cell: every cell is composed and its values checked (the checks a
-                cell runs first, lorabench.checks.check_values); by default a sweep with an invalid cell
-                stops within seconds naming each one, with sweep.keep_going=true the valid cells run and
-                the invalid ones fail at their own checks. It writes cells.json (every cell's
-                overrides) in the sweep dir: cells name themselves and count progress from it.
+  Preflight     before the first cell: the sweep dir locked for this multirun (lorabench.rundir), every
+                cell composed and its values checked (the checks a cell runs first,
+                lorabench.checks.check_values: every problem of every cell is listed), and each cell's
+                dir checked for a run of another config (sweep.overwrite=true moves an earlier sweep
+                aside). By default a sweep with an invalid cell stops within seconds naming each one;
+                with sweep.keep_going=true the valid cells run and the invalid ones fail at their own
+                checks. An unknown option, key or type exits 1, as Hydra's own errors; the rest 2. It
+                writes cells.json (every cell's overrides) in the sweep dir: cells name themselves and
+                count progress from it.
   SweepSummary  after the last cell: the report, the W&B aggregate, a last line counting cells per
                 status, and the exit code (0 when every cell is ok, oom or skipped).
 
-A run that is not a multirun gets the output-dir check only.
+A run that is not a multirun gets the output-dir checks only: writable with room, its lock, its binding
+(before Hydra writes .hydra/ there).
 """
 
 from __future__ import annotations
