@@ -104,6 +104,7 @@ def run(cfg: DictConfig, ctx: RunContext, measure: Measure, job_type: str = "tra
     except (rundir.RunDirError, OSError) as e:  # nothing of the dir's is touched: no result written
         result.status, result.error = Status.failed, rundir.describe(e, run_dir)
         print(result.error, file=sys.stderr)
+        rundir.leave(run_dir, _node(cfg))  # (a lock this run took; another run's is untouched)
         return result
     if not OmegaConf.select(cfg, "train.force", default=False) and (previous := finished(result_file)):
         log.info("cell already finished (%s); train.force=true runs it again", result_file)
