@@ -21,6 +21,7 @@ import glob
 import json
 import logging
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -28,13 +29,13 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from lorabench import cell, modeling
-from lorabench.checks import check_model_path, check_precision
+from lorabench.checks import bench_problems, check_model_path, check_precision
 from lorabench.config import BenchConfig, HardwareConfig, ModelConfig, Suite
 from lorabench.devices import setup_device, sync
 from lorabench.loggers import MetricLogger
 from lorabench.meter import NvmlSampler
 from lorabench.report import write_projection, write_report
-from lorabench.results import CellResult, RunContext, load_cells
+from lorabench.results import EXIT_CODES, CellResult, RunContext, Status, load_cells
 
 log = logging.getLogger(__name__)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch.float32, "fp32": torch.float32}
@@ -327,6 +328,9 @@ MEASURED = {Suite.hardware: hardware, Suite.loading: loading, Suite.inference: i
 def run_suite(cfg: DictConfig, ctx: RunContext) -> int:
     """Runs the chosen suite; returns the process exit code."""
     c: BenchConfig = OmegaConf.to_object(cfg)
+    if found := bench_problems(c):  # every bad suite value in one line, before anything runs (and in a preflight)
+        print("bench.py: " + "; ".join(str(e) for e in found), file=sys.stderr)
+        return EXIT_CODES[Status.failed]
     if c.suite is Suite.report:
         if not c.sweep_dir:
             raise ValueError("suite=report needs sweep_dir=<a sweep dir under outputs/sweeps>")

@@ -22,6 +22,7 @@ from typing import Callable, NoReturn
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from lorabench import rundir
 from lorabench.analysis import summary_text
 from lorabench.devices import node_rank
 from lorabench.loggers import MetricLogger, NullLogger, build_logger
@@ -117,9 +118,8 @@ def record(result: CellResult, error_file: Path, measure: Callable[[], dict], ke
         if is_host_oom(e):  # a CPU cell out of host memory is as much out of memory as a GPU cell
             result.status, result.error = Status.oom, "host memory: " + str(e).splitlines()[0]
         else:
-            result.status, result.error = Status.failed, f"{type(e).__name__}: {e}"
-            error_file.write_text(traceback.format_exc())
-            log.error("failed: %s (traceback in %s)", result.error, error_file)
+            result.status, result.error = Status.failed, rundir.describe(e, error_file.parent)
+            log.error("failed: %s (%s)", result.error, keep_traceback(error_file))
 
 
 def end_sweep(cfg: DictConfig, ctx: RunContext) -> NoReturn:
@@ -151,12 +151,20 @@ def run(cfg: DictConfig, ctx: RunContext, measure: Measure, job_type: str = "tra
     run_dir = ctx.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     result_file = run_dir / RESULT_FILE
+    result = CellResult(status=Status.running, cell=ctx.name, job_num=ctx.job_num, run_dir=str(run_dir),
+                        config=OmegaConf.to_container(cfg, resolve=True, enum_to_str=True), choices=ctx.choices or None)
+    try:  # this run alone in the dir, and the dir's result made by this config (lorabench.rundir)
+        rundir.enter(run_dir, result.config, OmegaConf.select(cfg, "sweep.overwrite", default=False), node=_node(cfg))
+    except (rundir.RunDirError, OSError) as e:  # nothing of the dir's is touched: no result written
+        result.status, result.error = Status.failed, rundir.describe(e, run_dir)
+        print(result.error, file=sys.stderr)
+        rundir.leave(run_dir, _node(cfg))  # (a lock this run took; another run's is untouched)
+        return result
     if not OmegaConf.select(cfg, "train.force", default=False) and (previous := finished(result_file)):
         log.info("cell already finished (%s); train.force=true runs it again", result_file)
         print(f"\n{summary_text([previous])}\nresult (from an earlier run): {result_file}", file=sys.stderr)
+        rundir.leave(run_dir, _node(cfg))
         return previous
-    result = CellResult(status=Status.running, cell=ctx.name, job_num=ctx.job_num, run_dir=str(run_dir),
-                        config=OmegaConf.to_container(cfg, resolve=True, enum_to_str=True), choices=ctx.choices or None)
     # A multi-node cell runs this on every node, in one shared run dir: node 0 alone writes the
     # result and talks to W&B; another node records its own outcome in node<r>.json.
     if OmegaConf.select(cfg, "train.nnodes", default=1) > 1:
@@ -185,9 +193,28 @@ def run(cfg: DictConfig, ctx: RunContext, measure: Measure, job_type: str = "tra
             result.status, result.error = Status.interrupted, "interrupted before the cell finished"
         result.total_s = time.perf_counter() - t_start
         close(result, run_dir, result_file, logger)
+        rundir.leave(run_dir, _node(cfg))
     if sweep_here and preemption.requested:
         end_sweep(cfg, ctx)
     return result
+
+
+def _node(cfg: DictConfig) -> int:
+    """This node's index in a multi-node cell (0 otherwise, or when it has none: node 0's launch names that)."""
+    try:
+        return node_rank() if OmegaConf.select(cfg, "train.nnodes", default=1) > 1 else 0
+    except ValueError:
+        return 0
+
+
+def keep_traceback(path: Path) -> str:
+    """The current exception's traceback into `path`, if the disk lets it; where it went, in words."""
+    try:
+        path.write_text(traceback.format_exc())
+        return f"traceback in {path}"
+    except OSError as e:
+        path.unlink(missing_ok=True)  # never a half-written one
+        return f"no traceback kept: {rundir.describe(e, path)}"
 
 
 def close(result: CellResult, run_dir: Path, result_file: Path, logger: MetricLogger) -> None:
@@ -205,7 +232,11 @@ def close(result: CellResult, run_dir: Path, result_file: Path, logger: MetricLo
     # The process's largest resident set so far (in a multirun: over this and earlier cells).
     result.metrics["host/process_max_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     result.env = env_info(device)
-    write_result(result_file, result)
+    try:
+        write_result(result_file, result)  # atomic: a full disk leaves the old file or none, never half of one
+    except OSError as e:
+        result.status, result.error = Status.failed, f"{rundir.describe(e, result_file)} (the cell: " \
+            f"{result.error or 'ok'})"
     try:
         logger.finish(result)
     except Exception as e:  # a logger must never turn a measured cell into a lost one

@@ -9,11 +9,13 @@ device the cell runs on (the launching host of a SLURM sweep may have no GPU).
 
 from __future__ import annotations
 
+import math
 import os
+import stat
 from pathlib import Path
 
-from lorabench.config import (BNB_OPTIMIZERS, QUANTISED, Backend, Config, DataKind, ModelConfig, OptimizerName,
-                              Precision)
+from lorabench.config import (BNB_OPTIMIZERS, QUANTISED, Backend, BenchConfig, Config, DataKind, ModelConfig,
+                              OptimizerName, Precision, Suite)
 from lorabench.modeling import tokenizer_file
 
 # The linear layers of a Mistral decoder layer, the names LoRA can target.
@@ -22,17 +24,87 @@ MISTRAL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj"
 
 def check_values(c: Config) -> None:
     """Every check of a cell's values that needs no device; raises ValueError/FileNotFoundError
-    naming the key, the bad value and what is accepted."""
+    naming the key, the bad value and what is accepted (every problem found, one after another)."""
+    found = value_problems(c)
+    if len(found) == 1:
+        raise found[0]
+    if found:
+        raise ValueError("; ".join(str(e) for e in found))
+
+
+def value_problems(c: Config) -> list[Exception]:
+    """What check_values finds, each check on its own: a multirun's preflight lists them all."""
+    found = []
+    for check in (check_shapes, check_targets, check_backend, check_run, lambda c: check_model_path(c.model),
+                  check_data_path, check_vocab):
+        try:
+            check(c)
+        except (ValueError, FileNotFoundError) as e:
+            found.append(e)
+    return found
+
+
+def check_shapes(c: Config) -> None:
     if c.lora.r > c.model.hidden_size:
         raise ValueError(f"lora.r={c.lora.r} is larger than the model's hidden size "
                          f"({c.model.hidden_size}); a rank above it adds parameters and no capacity")
     if c.seq_len > c.model.max_position_embeddings:
         raise ValueError(f"seq_len={c.seq_len} exceeds model.max_position_embeddings="
                          f"{c.model.max_position_embeddings} of model={c.model.name}")
+    if c.data.max_samples is not None and c.data.max_samples < c.batch * c.train.nproc and not packs(c):
+        # Fewer samples than one step takes: every step would hold data.max_samples samples and the
+        # cell would be labelled with a batch it never ran.
+        raise ValueError(f"data.max_samples={c.data.max_samples} is fewer than one step's samples (batch={c.batch}"
+                         + (f" x train.nproc={c.train.nproc}" if c.train.nproc > 1 else "")
+                         + f"); use data.max_samples >= {c.batch * c.train.nproc} or a smaller batch")
+
+
+def packs(c: Config) -> bool:
+    """Whether this cell packs samples into rows (a row then holds several: fewer rows than samples):
+    data.packing (backend=fast sets it), on data with padding to remove (synthetic rows are exactly
+    seq_len tokens already: they stay as they are)."""
+    return c.data.packing and c.data.kind is not DataKind.synthetic
+
+
+def check_targets(c: Config) -> None:
     unknown = sorted(set(c.lora.target_modules) - set(MISTRAL_LINEAR) - {"all-linear"})
     if unknown:
         raise ValueError(f"lora.target_modules={c.lora.target_modules}: {unknown} is not a linear layer of a "
                          f"Mistral model; use any of {list(MISTRAL_LINEAR)} or [all-linear]")
+
+
+def check_run(c: Config) -> None:
+    """Values the libraries take only later, after the model is built: the seeds (numpy's, which the
+    Trainer seeds too, takes [0, 2**32 - 1])."""
+    for key, seed in (("train.seed", c.train.seed), ("data.seed", c.data.seed)):
+        if not 0 <= seed < 2**32:
+            raise ValueError(f"{key} must be in [0, 2**32 - 1], got {seed}")
+
+
+def check_vocab(c: Config) -> None:
+    """A randomly initialised model (model.path null) must embed every token id the data holds: the
+    tokenizer's ids for text data, [FIRST_PLAIN_TOKEN, vocab_size) for synthetic rows. (A checkpoint's
+    own config.json sets its vocabulary.) Names a missing tokenizer file too."""
+    path = tokenizer_file(c.model)
+    if c.model.path is not None:
+        return
+    if c.data.kind is DataKind.synthetic:
+        from lorabench.data import FIRST_PLAIN_TOKEN  # (here: lorabench.data imports transformers)
+
+        if c.model.vocab_size <= FIRST_PLAIN_TOKEN:
+            raise ValueError(f"model.vocab_size={c.model.vocab_size}: data=synthetic draws token ids from "
+                             f"[{FIRST_PLAIN_TOKEN}, vocab_size); use model.vocab_size > {FIRST_PLAIN_TOKEN}")
+        return
+    from mistral_common.tokens.tokenizers.mistral import MistralTokenizer  # (0.1 s to read the file)
+
+    words = MistralTokenizer.from_file(str(path)).instruct_tokenizer.tokenizer.n_words
+    if c.model.vocab_size < words:
+        raise ValueError(f"model.vocab_size={c.model.vocab_size} is smaller than the tokenizer's {words} tokens "
+                         f"(model.tokenizer={c.model.tokenizer}): ids past it would have no embedding; use "
+                         f"model.vocab_size >= {words}")
+
+
+def check_backend(c: Config) -> None:
     b = c.backend
     if b.name is Backend.unsloth and (b.liger or b.compile or b.fused_lora or b.fused_mlp
                                       or b.fused_add_norm or b.varlen_attention or not b.upcast_fp32):
@@ -55,9 +127,49 @@ def check_values(c: Config) -> None:
         raise ValueError("backend.flat_optimizer=true with optimizer=adafactor: Adafactor factors each matrix's "
                          "second moment by rows and columns, a flat tensor would change that; use "
                          "backend.flat_optimizer=false with it")
-    check_model_path(c.model)
-    check_data_path(c)
-    tokenizer_file(c.model)  # names a missing tokenizer file
+
+
+BENCH_DTYPES = ("bf16", "fp16", "tf32", "fp32")  # lorabench.bench.DTYPES' keys
+PROMPT_TOKEN_FLOOR = 1000  # bench.inference draws prompt tokens from [1000, vocab): past the control tokens
+
+
+def bench_problems(c: BenchConfig) -> list[Exception]:
+    """bench.py's suite values, checked before a suite runs (each one line naming its key)."""
+    found: list[Exception] = []
+
+    def need(ok: bool, message: str) -> None:
+        if not ok:
+            found.append(ValueError(message))
+
+    h, inf, con = c.hardware, c.inference, c.consistency
+    lists = (("hardware.sizes", h.sizes), ("hardware.tokens", h.tokens), ("inference.batches", inf.batches))
+    for key, values in lists:
+        need(bool(values) and all(v > 0 for v in values), f"{key} must be a non-empty list of integers > 0, got "
+                                                          f"{list(values)}")
+    need(set(h.dtypes) <= set(BENCH_DTYPES) and bool(h.dtypes),
+         f"hardware.dtypes={list(h.dtypes)}: use a non-empty list of {list(BENCH_DTYPES)}")
+    for key in ("copy_mib", "elementwise_mib", "host_mib", "rep_ms"):
+        need(getattr(h, key) > 0, f"hardware.{key} must be > 0, got {getattr(h, key)}")
+    need(h.warmup_ms >= 0, f"hardware.warmup_ms must be >= 0, got {h.warmup_ms}")
+    for key in ("prompt_len", "new_tokens", "repeats"):
+        need(getattr(inf, key) > 0, f"inference.{key} must be > 0, got {getattr(inf, key)}")
+    if c.suite is Suite.inference:
+        need(inf.prompt_len + inf.new_tokens <= c.model.max_position_embeddings,
+             f"inference.prompt_len + inference.new_tokens = {inf.prompt_len + inf.new_tokens} exceeds "
+             f"model.max_position_embeddings={c.model.max_position_embeddings}")
+        need(c.model.vocab_size > PROMPT_TOKEN_FLOOR, f"model.vocab_size={c.model.vocab_size}: the inference suite "
+                                                      f"draws prompt tokens from [{PROMPT_TOKEN_FLOOR}, vocab_size)")
+    for kind, tolerances in (("relative", con.relative), ("absolute", con.absolute)):
+        for key, tol in tolerances.items():
+            need(math.isfinite(tol) and tol >= 0, f"consistency.{kind}.{key} must be a finite number >= 0, "
+                                                  f"got {tol!r}")
+    need(0 <= c.seed < 2**32, f"seed must be in [0, 2**32 - 1], got {c.seed}")
+    if c.suite in (Suite.loading, Suite.inference):
+        try:
+            check_model_path(c.model)
+        except (ValueError, FileNotFoundError) as e:
+            found.append(e)
+    return found
 
 
 def _offline(var: str) -> bool:
@@ -68,6 +180,9 @@ def check_model_path(m: ModelConfig) -> None:
     """model.path: a local directory of safetensors (unless asked otherwise) with readable headers,
     so a truncated or corrupt download fails here, naming the file, not deep inside the loader; or,
     online, a hub id."""
+    if m.path is not None and not m.path.strip():  # e.g. model.path=$CKPT with CKPT unset
+        raise ValueError(f"model.path={m.path!r} is empty: give a model directory, or model.path=null for a "
+                         "randomly initialised model of the model option's shape")
     if not m.path:
         return
     local = Path(m.path).expanduser()
@@ -113,8 +228,14 @@ def check_data_path(c: Config) -> None:
         if p.is_dir():
             raise ValueError(f"data.path={d.path!r} is a directory; data=jsonl reads one file of JSON lines "
                              "(for a datasets save_to_disk directory use data=hf)")
+        if p.exists() and not p.is_file():  # /dev/null, a FIFO, a socket: no records to sample, or a hang
+            kind = {stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device", stat.S_IFIFO: "a FIFO",
+                    stat.S_IFSOCK: "a socket"}.get(stat.S_IFMT(p.stat().st_mode), "not a regular file")
+            raise ValueError(f"data.path={d.path!r} is {kind}; data=jsonl reads a regular file of JSON lines")
         if not p.is_file():
             raise FileNotFoundError(f"data.path={d.path!r}: no such file")
+        if p.stat().st_size == 0:
+            raise ValueError(f"data.path={d.path!r} is empty (0 bytes); data=jsonl needs at least one record")
     elif p.is_file():
         raise ValueError(f"data.path={d.path!r} is a file; data=hf reads a datasets save_to_disk directory "
                          "(for a file of JSON lines use data=jsonl)")

@@ -370,6 +370,10 @@ class SweepConfig:
     # with an invalid cell stops there, naming each one. true: the valid cells run and the invalid
     # ones are recorded as failed. Failures at run time (OOM, NaN, data) never stop a sweep.
     keep_going: bool = False
+    # A run or sweep dir is bound to the config of the run it holds (lorabench.rundir): a run of another
+    # config into it stops before anything is built. true: the old run's files are moved aside into
+    # <dir>/replaced-<UTC time>/ (never deleted) and this one starts afresh.
+    overwrite: bool = False
 
 
 @dataclass
@@ -576,6 +580,7 @@ class BenchConfig:
     # to check the projection against.
     target: List[str] = field(default_factory=list)
     measured: List[str] = field(default_factory=list)
+    sweep: SweepConfig = field(default_factory=SweepConfig)  # a multirun's preflight; sweep.overwrite
 
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"

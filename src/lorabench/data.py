@@ -28,6 +28,7 @@ import torch
 from transformers import DataCollatorForSeq2Seq
 
 from lorabench import packed_attention
+from lorabench.checks import packs  # (re-exported: data.packs is what the loop and the fast path ask)
 from lorabench.config import Config, DataKind, Overlong, Padding
 
 log = logging.getLogger(__name__)
@@ -364,11 +365,6 @@ class SyntheticTokens(torch.utils.data.Dataset):
         ids = torch.randint(FIRST_PLAIN_TOKEN, self.vocab_size, (self.seq_len,), generator=g).tolist()
         return {"input_ids": ids, "labels": list(ids)}
 
-
-def packs(cfg: Config) -> bool:
-    """Whether this cell packs samples: data.packing (backend=fast sets it), on data with padding to
-    remove (synthetic rows are exactly seq_len tokens already: they stay as they are)."""
-    return cfg.data.packing and cfg.data.kind is not DataKind.synthetic
 
 
 def build_dataset(cfg: Config, tokenizer):

@@ -64,8 +64,9 @@ def launch(c: Config, run_dir: Path, result: CellResult) -> dict:
     if c.train.device.value != "cpu":
         available = torch.cuda.device_count()
         if available < n:
-            raise ValueError(f"train.nproc={n} but this node has {available} CUDA device(s); use train.nproc <= "
-                             f"{available}, or train.device=cpu for CPU processes (gloo)")
+            raise ValueError(f"train.nproc={n} but this node has {available} CUDA device(s); use "
+                             + (f"train.nproc <= {available}, or " if available else "train.nproc=1, or ")
+                             + "train.device=cpu for CPU processes (gloo)")
     # Data first, in this process: bad input fails before N model loads, and the tokenised cache
     # is written once instead of by N ranks at the same time.
     data.build_dataset(c, modeling.build_tokenizer(c.model))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import threading
 import time
 from pathlib import Path
@@ -83,7 +84,7 @@ class StepMeter(TrainerCallback):
                  earlier_steps: list[dict] = ()):
         self.device, self.warmup_steps, self.sampler, self.on_step = device, warmup_steps, sampler, on_step
         self.steps: list[dict] = list(earlier_steps)
-        self._file = open(steps_path, "a", buffering=1)  # line-buffered: a killed cell keeps its steps
+        self._file = JsonLines(steps_path)  # each line written whole: a killed cell keeps its steps
         self._counts = torch.zeros(4, dtype=torch.int64, device=device)
         self._positions = 0
         self._last_end = 0.0
@@ -149,7 +150,7 @@ class StepMeter(TrainerCallback):
             return  # the Trainer's end-of-training summary, not a step
         rec = self.steps[-1]
         rec.update(loss=logs["loss"], lr=logs.get("learning_rate"), grad_norm=logs.get("grad_norm"))
-        self._file.write(json.dumps(rec) + "\n")
+        self._file.append(rec)
         if self.on_step:
             self.on_step(rec)
         if not math.isfinite(rec["loss"]):
@@ -163,6 +164,33 @@ class StepMeter(TrainerCallback):
         if self.sampler:
             self.sampler.stop()
         self._file.close()
+
+
+class JsonLines:
+    """Appends one JSON record per line to a file, each line whole or not at all: one os.write of the
+    whole line, and a write the disk cuts short (full, a quota, the file-size limit) is cut back to
+    the last whole line before its error goes on. A reader never sees half a record."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+
+    def append(self, record: dict) -> None:
+        data = (json.dumps(record) + "\n").encode()
+        end = os.lseek(self.fd, 0, os.SEEK_END)
+        try:
+            written = 0
+            while written < len(data):  # a short write (the disk took part of the line): the rest's write says why
+                written += os.write(self.fd, data[written:])
+        except OSError as e:
+            os.ftruncate(self.fd, end)  # shrinking a file needs no space
+            e.filename = e.filename or str(self.path)
+            raise
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
 class NvmlSampler:

@@ -83,7 +83,8 @@ class RunContext:
         choices = {k: v for k, v in hc.runtime.choices.items() if not k.startswith("hydra/") and v is not None}
         if hc.mode != RunMode.MULTIRUN:
             return cls(Path(hc.runtime.output_dir), hc.job.override_dirname or "defaults", 0, None, choices)
-        sweep_dir = Path(hc.sweep.dir)
+        # Absolute, as Hydra makes output_dir: a cell's dir is then found inside it (by_name/ links).
+        sweep_dir = Path(hc.sweep.dir).absolute()
         return cls(Path(hc.runtime.output_dir), cell_name(overrides, read_cells(sweep_dir), hc.job.override_dirname),
                    hc.job.num, sweep_dir, choices)
 
@@ -198,7 +199,16 @@ def write_result(path: Path, result: CellResult) -> None:
 
 
 def read_result(path: Path) -> CellResult:
-    return CellResult.from_dict(json.loads(Path(path).read_text()))
+    """A result file read back; ValueError naming the file when it is not a lorabench result (valid
+    JSON of another shape: a list, a status no lorabench writes, a field of the wrong type)."""
+    d = json.loads(Path(path).read_text())
+    try:
+        if not isinstance(d, dict) or not isinstance(d.get("config", {}), dict) \
+                or not isinstance(d.get("metrics", {}), dict):
+            raise TypeError("not an object with a config and metrics")
+        return CellResult.from_dict(d)
+    except (TypeError, ValueError, AttributeError) as e:
+        raise ValueError(f"{path} is not a lorabench result file ({e})") from None
 
 
 def git_sha() -> dict:

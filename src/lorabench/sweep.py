@@ -1,30 +1,42 @@
 """A multirun from start to end, as Hydra callbacks (conf/train.yaml, hydra.callbacks):
 
-  Preflight     before the first cell: every cell is composed and its values checked (the checks a
-                cell runs first, lorabench.checks.check_values); by default a sweep with an invalid cell
-                stops within seconds naming each one, with sweep.keep_going=true the valid cells run and
-                the invalid ones fail at their own checks. It writes cells.json (every cell's
-                overrides) in the sweep dir: cells name themselves and count progress from it.
+  Preflight     before the first cell: the sweep dir locked for this multirun (lorabench.rundir), every
+                cell composed and its values checked (the checks a cell runs first,
+                lorabench.checks.check_values: every problem of every cell is listed), and each cell's
+                dir checked for a run of another config (sweep.overwrite=true moves an earlier sweep
+                aside). By default a sweep with an invalid cell stops within seconds naming each one;
+                with sweep.keep_going=true the valid cells run and the invalid ones fail at their own
+                checks. An unknown option, key or type exits 1, as Hydra's own errors; the rest 2. It
+                writes cells.json (every cell's overrides) in the sweep dir: cells name themselves and
+                count progress from it.
   SweepSummary  after the last cell: the report, the W&B aggregate, a last line counting cells per
                 status, and the exit code (0 when every cell is ok, oom or skipped).
 
-A run that is not a multirun gets the output-dir check only.
+A run that is not a multirun gets the output-dir checks only: writable with room, its lock, its binding
+(before Hydra writes .hydra/ there).
 """
 
 from __future__ import annotations
 
+import errno
+import os
+import shutil
 import sys
 from collections import Counter
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from lorabench.checks import check_values
-from lorabench.config import Config, LoggerKind, ReportConfig
+from lorabench import rundir
+from lorabench.checks import bench_problems, value_problems
+from lorabench.config import BenchConfig, Config, LoggerKind, ReportConfig
 from lorabench.results import CELLS_FILE, EXIT_CODES, MEASURED, Status, atomic_write_json, load_results, read_cells
 
 EXIT_INVALID = EXIT_CODES[Status.failed]
+EXIT_USAGE = 1  # an unknown option, key or type: Hydra's own exit code for a bad command line
+PROBE_BYTES = 16 * 1024  # .hydra's config.yaml, hydra.yaml and overrides.yaml: ~6 KB for train.py (2.3 + 3.4 + 0.1)
 
 
 def expand(overrides: list[str], params, config_loader=None) -> list[list[str]]:
@@ -46,61 +58,187 @@ def one_line(e: BaseException) -> str:
 
 
 def check_writable(path: Path, key: str) -> None:
-    """Stop with one line when the output dir cannot be made (Hydra would print a traceback)."""
+    """Stop with one line when the output dir cannot be made or written, or has less room than what
+    Hydra writes there before the cell starts (Hydra would print a traceback)."""
+    probe = path / ".lorabench-write-test"
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".lorabench-write-test"
-        probe.write_text("")
+        probe.write_bytes(b"\0")
         probe.unlink()
+        if shutil.disk_usage(path).free < PROBE_BYTES:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
     except OSError as e:
-        print(f"{key}={path}: cannot write there ({e.strerror or e}); choose another directory", file=sys.stderr)
+        probe.unlink(missing_ok=True)
+        print(f"{key}={path}: cannot write there ({e.strerror or e}; {rundir.free_space(path)}); free some space "
+              "or choose another directory", file=sys.stderr)
         sys.exit(EXIT_INVALID)
 
 
-def check_cells(config: DictConfig, cells: list[list[str]], config_loader) -> list[tuple[int, str, str, bool]]:
-    """(job number, overrides, reason, whether it failed to compose) of every cell whose config does
-    not compose or whose values fail the checks a cell runs before building anything."""
+def enter_dir(path: Path, config: dict | None, key: str, keep: tuple[str, ...]) -> None:
+    """Hold the run or sweep dir's lock for this process's life and check its binding; one line and
+    exit code 2 when another run holds it or it holds a run of another config (lorabench.rundir)."""
+    try:
+        rundir.lock(path)
+        if config is not None:
+            overwrite = OmegaConf.select(OmegaConf.create(config), "sweep.overwrite", default=False)
+            rundir.check_binding(path, config, overwrite, key, keep)
+    except (rundir.RunDirError, OSError) as e:
+        print(rundir.describe(e, path), file=sys.stderr)
+        sys.exit(EXIT_INVALID)
+
+
+def task_config(config: DictConfig) -> dict | None:
+    """The resolved config a cell gets (Hydra's node removed), as cell.run records it; None when it
+    does not resolve without Hydra's node (the cell's own check then runs at its start)."""
+    try:
+        cfg = config.copy()
+        with open_dict(cfg):
+            del cfg["hydra"]
+        return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    except Exception:
+        return None
+
+
+@dataclass
+class CellCheck:
+    """One cell of a multirun as the preflight found it."""
+
+    num: int
+    overrides: str
+    problems: list[str]  # every problem of its values found, each one line naming its key
+    uncomposable: bool = False  # Hydra could not compose it: an unknown option, key or type (exit code 1)
+    bound: str | None = None  # its dir holds a run of another config: which, and how it differs
+
+    @property
+    def lines(self) -> list[str]:
+        return self.problems + ([self.bound] if self.bound else [])
+
+
+def check_cells(config: DictConfig, cells: list[list[str]], config_loader, sweep_dir: Path | None = None
+                ) -> list[CellCheck]:
+    """Every cell that does not compose, whose values fail the checks a cell runs before building
+    anything (all of its problems, not the first), or whose dir holds a run of another config."""
     bad = []
     for num, overrides in enumerate(cells):
+        check = CellCheck(num, ",".join(overrides), [])
         try:
             cfg = config_loader.load_sweep_config(master_config=config, sweep_overrides=list(overrides))
-            with open_dict(cfg):
-                del cfg["hydra"]
-            typed = OmegaConf.to_object(cfg)  # the schemas' range checks
-            if isinstance(typed, Config):  # a training cell (bench.py's cells have the schemas' only)
-                check_values(typed)
-        except Exception as e:  # any check's error, and Hydra's own composition errors
-            bad.append((num, ",".join(overrides), one_line(e), type(e).__module__.startswith(("hydra", "omegaconf"))))
+        except Exception as e:  # Hydra's own composition errors
+            check.problems, check.uncomposable = [one_line(e)], True
+            bad.append(check)
+            continue
+        found = config_problems(cfg)
+        check.problems = [one_line(e) for e in found]
+        check.uncomposable = any(type(e).__module__.startswith(("hydra", "omegaconf")) for e in found)
+        check.bound = cell_dir_problem(cfg, num, sweep_dir) if sweep_dir is not None else None
+        if check.lines:
+            bad.append(check)
     return bad
+
+
+def config_problems(cfg: DictConfig) -> list[Exception]:
+    """Every problem of one composed cell: each group's range checks (a group stops at its first),
+    then, when they all pass, the checks across groups and of files."""
+    cfg = cfg.copy()
+    with open_dict(cfg):
+        del cfg["hydra"]
+    found = []
+    for key in cfg:
+        if OmegaConf.is_dict(cfg[key]):
+            try:
+                OmegaConf.to_object(cfg[key])
+            except Exception as e:
+                found.append(e)
+    if found:
+        return found
+    try:
+        typed = OmegaConf.to_object(cfg)  # the top-level range checks (seq_len, batch)
+    except Exception as e:
+        return [e]
+    if isinstance(typed, Config):  # a training cell
+        return value_problems(typed)
+    if isinstance(typed, BenchConfig):
+        return bench_problems(typed)
+    return []
+
+
+def cell_dir_problem(cfg: DictConfig, num: int, sweep_dir: Path) -> str | None:
+    """Whether cell `num`'s dir holds a run of another config (a cell.run would refuse it)."""
+    try:
+        with open_dict(cfg):
+            cfg.hydra.job.num = num
+        cell_dir = sweep_dir / str(cfg.hydra.sweep.subdir)
+    except Exception:  # a subdir pattern that needs more of Hydra's runtime: the cell checks its own dir
+        return None
+    config = task_config(cfg)
+    old = rundir.bound_config(cell_dir)
+    if config is None or old is None or old == rundir.fingerprint(config) or rundir.measured_nothing(cell_dir):
+        return None
+    return f"{cell_dir} holds a run of another config ({rundir.differences(old, rundir.fingerprint(config))})"
+
+
+def stale_cells(sweep_dir: Path, n_cells: int) -> list[str]:
+    """Numbered cell dirs past this sweep's last cell that hold a run: an earlier, larger sweep's."""
+    return [f"{p} holds a cell of an earlier sweep that is not a cell of this one" for p in sorted(sweep_dir.iterdir())
+            if p.name.isdigit() and int(p.name) >= n_cells and rundir.bound_config(p) is not None]
 
 
 class Preflight(Callback):
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
-        check_writable(Path(config.hydra.run.dir), "hydra.run.dir")
+        run_dir = Path(config.hydra.run.dir)
+        check_writable(run_dir, "hydra.run.dir")
+        # Before Hydra writes .hydra/ for this run: an old run's own config is moved aside with it. (The
+        # nodes of a multi-node cell share its dir: each cell.run takes a lock of its own node's.)
+        if OmegaConf.select(config, "train.nnodes", default=1) == 1:
+            enter_dir(run_dir, task_config(config), "hydra.run.dir", keep=(rundir.LOCK_FILE,))
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         from hydra.core.global_hydra import GlobalHydra
 
         sweep_dir = Path(config.hydra.sweep.dir)
         check_writable(sweep_dir, "hydra.sweep.dir")
+        enter_dir(sweep_dir, None, "hydra.sweep.dir", keep=())
         loader = GlobalHydra.instance().config_loader()
         cells = expand(list(config.hydra.overrides.task), config.hydra.sweeper.params, loader)
-        atomic_write_json(sweep_dir / CELLS_FILE, {"cells": cells})
-        bad = check_cells(config, cells, loader)
-        report_error = check_report(config, len(cells))
-        for num, overrides, reason, _ in bad:
-            print(f"invalid cell {num} ({overrides}): {reason}", file=sys.stderr)
-        if report_error:
-            print(report_error, file=sys.stderr)
-        keep_going = OmegaConf.select(config, "sweep.keep_going", default=False)
-        uncomposable = [b for b in bad if b[3]]
-        if report_error or uncomposable or (bad and not keep_going):
-            hint = "" if uncomposable or report_error else "; sweep.keep_going=true runs the valid ones"
-            print(f"preflight: {len(bad) + bool(report_error)} problem(s) in {len(cells)} cells, none run{hint}",
+        bad = check_cells(config, cells, loader, sweep_dir)
+        stale = stale_cells(sweep_dir, len(cells))
+        if (stale or any(b.bound for b in bad)) and OmegaConf.select(config, "sweep.overwrite", default=False):
+            moved = rundir.move_aside(sweep_dir)
+            print(f"preflight: {sweep_dir} held runs of another sweep: moved aside to {moved} (sweep.overwrite=true)",
                   file=sys.stderr)
-            sys.exit(EXIT_INVALID)
-        print(f"preflight: {len(cells)} cells composed and checked"
-              + (f"; {len(bad)} invalid, recorded as failed (sweep.keep_going=true)" if bad else ""), file=sys.stderr)
+            bad, stale = [replace(b, bound=None) for b in bad if b.problems], []
+        atomic_write_json(sweep_dir / CELLS_FILE, {"cells": cells})
+        report_error = check_report(config, len(cells))
+        stop = report_and_decide(bad, stale, report_error, len(cells),
+                                 OmegaConf.select(config, "sweep.keep_going", default=False))
+        if stop:
+            sys.exit(stop)
+
+
+def report_and_decide(bad: list[CellCheck], stale: list[str], report_error: str | None, n_cells: int,
+                      keep_going: bool) -> int:
+    """Print every problem found, one line each, and the preflight's verdict; the exit code to stop
+    with (0: the sweep runs). An unknown option, key or type is a bad command line (1, as Hydra's
+    own errors); anything else 2."""
+    for b in bad:
+        for reason in b.lines:
+            print(f"invalid cell {b.num} ({b.overrides}): {reason}", file=sys.stderr)
+    for line in stale + ([report_error] if report_error else []):
+        print(line, file=sys.stderr)
+    problems = sum(len(b.lines) for b in bad) + len(stale) + bool(report_error)
+    hard = [b for b in bad if b.uncomposable or b.bound]
+    if stale or hard:
+        print(f"preflight: {problems} problem(s) in {n_cells} cells, none run"
+              + ("; sweep.overwrite=true moves the earlier runs aside" if stale or any(b.bound for b in bad)
+                 else ""), file=sys.stderr)
+        return EXIT_USAGE if any(b.uncomposable for b in bad) else EXIT_INVALID
+    if report_error or (bad and not keep_going):
+        hint = "" if report_error else "; sweep.keep_going=true runs the valid ones"
+        print(f"preflight: {problems} problem(s) in {n_cells} cells, none run{hint}", file=sys.stderr)
+        return EXIT_INVALID
+    print(f"preflight: {n_cells} cells composed and checked"
+          + (f"; {len(bad)} invalid, recorded as failed (sweep.keep_going=true)" if bad else ""), file=sys.stderr)
+    return 0
 
 
 def check_report(config: DictConfig, n_cells: int) -> str | None:
