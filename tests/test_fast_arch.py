@@ -101,7 +101,8 @@ def test_every_key_of_backend_fast_is_a_part_of_the_table():
     """The home lists every part backend=fast turns on (conf/backend/fast.yaml), each with a stage, once."""
     from conftest import CONF
 
-    keys = set(OmegaConf.load(CONF / "backend" / "fast.yaml")) - {"defaults", "name"}
+    fast = OmegaConf.load(CONF / "backend" / "fast.yaml")  # (global package: backend.* and data.packing)
+    keys = (set(fast.backend) - {"name"}) | ({"packing"} if fast.data.packing else set())
     listed = [p.key for p in fastpath.PARTS]
     assert keys <= set(listed) and len(listed) == len(set(listed)), keys - set(listed)
     assert [p.key for p in fastpath.parts_on(fast_cfg("backend.liger=[rope]"))] == \
@@ -195,7 +196,7 @@ def compare(model_type: str, hf_overrides, fast_overrides, device, dtype, rtol):
     common = [f"lora.target_modules={targets(model_type)}", "train.gradient_checkpointing=true",
               "train.checkpoint_fraction=0.5"]
     c_hf = cfg(*common, *hf_overrides)
-    c_fast = cfg(*common, "backend=fast", "backend.pack=false", *fast_overrides, *REFUSED.get(model_type, ("", []))[1])
+    c_fast = cfg(*common, "backend=fast", "data.packing=false", *fast_overrides, *REFUSED.get(model_type, ("", []))[1])
     fastpath.check_parts(c_fast, base.config, device)
     torch.manual_seed(4)
     logits_hf, loss_hf, g_hf = logits_and_grads(copy.deepcopy(base), c_hf, device, batch)
@@ -288,7 +289,7 @@ def test_each_architecture_gets_liger_s_own_patch(monkeypatch, model_type):
     patch = fastpath.LIGER[model_type]
     monkeypatch.setattr(monkey_patch, patch.function, lambda **kw: calls.append(kw))
     model = build(model_type, torch.float32)
-    fastpath.apply(model, fast_cfg("backend.liger=[rms_norm,swiglu]", "backend.pack=false"), torch.device("cpu"),
+    fastpath.apply(model, fast_cfg("backend.liger=[rms_norm,swiglu]", "data.packing=false"), torch.device("cpu"),
                    fastpath.Stage.BEFORE_LORA)
     assert calls == [dict(model=model, rope=False, rms_norm=True, fused_linear_cross_entropy=False,
                           **{patch.mlp: True})]
@@ -323,7 +324,7 @@ def compare_gpu(model_type, cuda, liger):
     common = [f"lora.target_modules={targets(model_type)}", "lora.dropout=0", "precision=bf16",
               "train.gradient_checkpointing=true", "train.checkpoint_fraction=0.5"]
     c_hf = cfg(*common)
-    c_fast = cfg(*common, "backend=fast", "backend.pack=false", f"backend.liger={liger}",
+    c_fast = cfg(*common, "backend=fast", "data.packing=false", f"backend.liger={liger}",
                  *REFUSED.get(model_type, ("", []))[1])
     fastpath.check_parts(c_fast, base.config, cuda)
     logits_hf, loss_hf, g_hf = logits_and_grads(copy.deepcopy(base), c_hf, cuda, batch)

@@ -334,7 +334,7 @@ def test_train_py_under_a_file_size_limit_fails_in_one_line_with_whole_files(tmp
     import torch
 
     run = tmp_path / "run"
-    argv = [str(REPO / "train.py"), "train.max_steps=60", "train.timing_warmup_steps=2", "data.max_samples=16",
+    argv = [str(REPO / "train.py"), "train.max_steps=60", "train.untimed_steps=2", "data.max_samples=16",
             "seq_len=32", "batch=2", f"hydra.run.dir={run}"]
     if torch.get_num_threads() > 1:  # a fork would hang (conftest.Forked): a new interpreter
         proc = subprocess.run([sys.executable, *argv], cwd=REPO, capture_output=True, text=True,
@@ -403,7 +403,7 @@ def test_cells_of_an_earlier_larger_sweep_stop_the_sweep(tmp_path):
 
 def test_sweep_overwrite_moves_the_earlier_sweep_aside_and_runs(tmp_path):
     plant_cell(tmp_path, 0, ["lora.r=8"])
-    sweep = ["-m", "batch=2,3", "train.max_steps=2", "train.timing_warmup_steps=0", "data.max_samples=8", "seq_len=32",
+    sweep = ["-m", "batch=2,3", "train.max_steps=2", "train.untimed_steps=0", "data.max_samples=8", "seq_len=32",
              f"hydra.sweep.dir={tmp_path}"]
     proc = run_cli("train.py", [*sweep, "sweep.overwrite=true"], check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]

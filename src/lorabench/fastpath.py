@@ -283,6 +283,8 @@ class Part:
     def on(self, c: Config) -> bool:
         if self.key == "upcast_fp32":  # the part is its absence: bf16 norms and residual stream
             return not c.backend.upcast_fp32
+        if self.key == "packing":  # a property of the data: data.packing, which backend=fast sets
+            return c.data.packing
         return bool(getattr(c.backend, self.key))
 
 
@@ -346,7 +348,7 @@ PARTS = (
     Part("expandable_segments", "the caching allocator's expandable segments", Stage.CELL, Cuda.ONLY),
     Part("norm_backward_grid", "Liger's RMSNorm backward on a full grid where the weight is frozen "
          "(lorabench.norm_kernels)", Stage.CELL, Cuda.FALLBACK, through=("liger",)),
-    Part("pack", "samples packed into full rows where the data has padding", Stage.DATA),
+    Part("packing", "samples packed into full rows where the data has padding (data.packing)", Stage.DATA),
     Part("varlen_attention", "packed rows' attention as varlen flash attention, no mask "
          "(lorabench.packed_attention)", Stage.BEFORE_LORA, Cuda.ONLY, lacks=_varlen_lacks, apply=_apply_varlen),
     Part("liger", "Liger-Kernel's RMSNorm, RoPE, gated MLP and fused linear cross-entropy, its patch for the "
