@@ -14,25 +14,22 @@ from pathlib import Path
 
 from lorabench.config import (BNB_OPTIMIZERS, QUANTISED, Backend, Config, DataKind, ModelConfig, OptimizerName,
                               Precision)
+from lorabench.models import Architecture, architecture_of
 from lorabench.modeling import tokenizer_file
-
-# The linear layers of a Mistral decoder layer, the names LoRA can target.
-MISTRAL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def check_values(c: Config) -> None:
     """Every check of a cell's values that needs no device; raises ValueError/FileNotFoundError
     naming the key, the bad value and what is accepted."""
-    if c.lora.r > c.model.hidden_size:
+    check_model_path(c.model)  # first: the checks below read its config.json
+    arch = architecture_of(c.model)  # the checkpoint's shape with model.path, else the model group's
+    if c.lora.r > arch.hidden:
         raise ValueError(f"lora.r={c.lora.r} is larger than the model's hidden size "
-                         f"({c.model.hidden_size}); a rank above it adds parameters and no capacity")
-    if c.seq_len > c.model.max_position_embeddings:
-        raise ValueError(f"seq_len={c.seq_len} exceeds model.max_position_embeddings="
-                         f"{c.model.max_position_embeddings} of model={c.model.name}")
-    unknown = sorted(set(c.lora.target_modules) - set(MISTRAL_LINEAR) - {"all-linear"})
-    if unknown:
-        raise ValueError(f"lora.target_modules={c.lora.target_modules}: {unknown} is not a linear layer of a "
-                         f"Mistral model; use any of {list(MISTRAL_LINEAR)} or [all-linear]")
+                         f"({arch.hidden}); a rank above it adds parameters and no capacity")
+    if c.seq_len > arch.max_positions:
+        raise ValueError(f"seq_len={c.seq_len} exceeds the max_position_embeddings={arch.max_positions} "
+                         f"of model={c.model.name}")
+    arch.resolve_lora_targets(c.lora.target_modules)  # a name the architecture lacks: one line
     if c.data.kind is DataKind.synthetic and c.data.packing:
         raise ValueError("data.packing=true with data=synthetic: synthetic rows are already exactly seq_len "
                          "tokens, there is nothing to pack")
@@ -58,7 +55,6 @@ def check_values(c: Config) -> None:
         raise ValueError("backend.flat_optimizer=true with optimizer=adafactor: Adafactor factors each matrix's "
                          "second moment by rows and columns, a flat tensor would change that; use "
                          "backend.flat_optimizer=false with it")
-    check_model_path(c.model)
     check_data_path(c)
     tokenizer_file(c.model)  # names a missing tokenizer file
 
@@ -155,19 +151,23 @@ def check_device(c: Config, device) -> None:
 def host_memory_need(c: Config) -> dict[str, float]:
     """A lower bound of what a CPU cell holds in host memory at once, in bytes: the weights, the
     adapters' gradients and AdamW states, the logits and their gradient (fp32 in the loss), and each
-    layer's activations kept for the backward pass (layer input, attention and MLP outputs: 4 x
-    hidden, and 2 x intermediate per token; only the layer inputs under checkpointing). What the
+    layer's activations kept for the backward pass (Architecture.activation_width per token; only
+    the layer inputs under checkpointing), all from the model's real shape (model.path's config.json). What the
     kernels add on top (attention scores, temporaries) is left out, so a cell under this bound can
     still run out: the watchdog (lorabench.guard) catches that one."""
-    m = c.model
-    h, ff, layers, tokens = m.hidden_size, m.intermediate_size, m.num_hidden_layers, c.batch * c.seq_len
-    q, kv = m.num_attention_heads * m.head_dim, m.num_key_value_heads * m.head_dim
+    a = architecture_of(c.model)
+    h, layers, tokens = a.hidden, a.layers, c.batch * c.seq_len
     width = 2 if c.precision.name is Precision.bf16 else 4
-    params = 2 * m.vocab_size * h + layers * (2 * h * q + 2 * h * kv + 3 * h * ff)
-    lora = layers * len(c.lora.target_modules) * c.lora.r * 2 * h  # about r x (in + out) each
-    per_layer = (h if c.train.gradient_checkpointing else 4 * h + 2 * ff) * tokens * width
-    return {"weights": params * width + lora * (4 + 4 + 8), "logits": 2 * tokens * m.vocab_size * 4,
+    params = a.total_params()  # every weight, embeddings included (once when tied to the head)
+    lora = a.lora_params(_linear_targets(a, c.lora.target_modules), c.lora.r)
+    per_layer = (h if c.train.gradient_checkpointing else a.activation_width()) * tokens * width
+    return {"weights": params * width + lora * (4 + 4 + 8), "logits": 2 * tokens * a.vocab * 4,
             "activations": layers * per_layer}
+
+
+def _linear_targets(a: Architecture, requested) -> tuple:
+    targets = a.resolve_lora_targets(requested)
+    return a.lora_targets if targets == ("all-linear",) else targets
 
 
 def check_host_memory(c: Config) -> None:

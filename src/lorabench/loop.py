@@ -155,8 +155,7 @@ def _measure(c: Config, run_dir: Path, result: CellResult, logger: MetricLogger,
         preemption.hand_over(stopped)
         raise CellInterrupted(f"{preemption.signal_name}: {stopped}; run the same command again to resume")
 
-    arch = {"layers": model.config.num_hidden_layers, "heads": model.config.num_attention_heads,
-            "head_dim": model.config.head_dim}
+    arch = modeling.Architecture.from_hf_config(model.config)  # the FLOP count's facts: heads, head_dim, windows
     metrics = summarize(meter.steps, meter.window_s, params, arch, gpu)
     metrics["count/warmup_steps"] = c.train.warmup_steps
     metrics.update(data_stats)
