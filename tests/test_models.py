@@ -100,8 +100,8 @@ def test_hf_trains_every_architecture(model_type, checkpoints, tmp_path, monkeyp
     r x (in + out) per adapted projection and layer."""
     path = checkpoints / f"tiny-{model_type}"
     built = spy(monkeypatch, modeling, "apply_lora")
-    r = run_in_process([f"model.path={path}", "data=synthetic", "seq_len=32", "batch=4", "data.max_samples=4",
-                        "train.max_steps=5", "train.timing_warmup_steps=1", "lora.r=4", "lora.dropout=0"], tmp_path)
+    r = run_in_process([f"model.path={path}", "data=synthetic", "seq_len=16", "batch=4", "data.max_samples=4",
+                        "train.max_steps=3", "train.timing_warmup_steps=1", "lora.r=4", "lora.dropout=0"], tmp_path)
     assert r.status.value == "ok", r.error
     assert r.model["name"] == f"tiny-{model_type}"  # the checkpoint's, not the model group's
     assert r.metrics["train/loss_final"] < r.metrics["train/loss_first"]
@@ -126,7 +126,7 @@ def test_checks_read_the_checkpoints_shape(checkpoints):
         checks.check_values(c)
     c = OmegaConf.to_object(compose_cfg([f"model.path={path}", "seq_len=64", "lora.target_modules=[fc1]",
                                          "data=synthetic"]))
-    with pytest.raises(ValueError, match=r"'fc1' is not .*model_type=phi3; use any of \['qkv_proj'"):
+    with pytest.raises(ValueError, match=r"'fc1' is not a linear layer of model_type=phi3; use any of \['qkv_proj'"):
         checks.check_values(c)
 
 

@@ -169,7 +169,7 @@ class Architecture:
             if name in out or (self.fused_qkv and name in ATTENTION[:3] + MLP[:2]):
                 continue
             if name not in self.lora_targets:
-                raise ValueError(f"lora.target_modules={requested}: {name!r} is not a linear projection of "
+                raise ValueError(f"lora.target_modules={requested}: {name!r} is not a linear layer of "
                                  f"model_type={self.model_type}; use any of {list(self.lora_targets)} or [all-linear]")
             out.append(name)
         return tuple(out)
