@@ -14,7 +14,7 @@ from pathlib import Path
 
 from lorabench.config import (BNB_OPTIMIZERS, QUANTISED, Backend, Config, DataKind, ModelConfig, OptimizerName,
                               Precision)
-from lorabench.models import Architecture, architecture_of
+from lorabench.models import Architecture, architecture_of, tokenizers
 from lorabench.modeling import tokenizer_file
 
 
@@ -56,7 +56,8 @@ def check_values(c: Config) -> None:
                          "second moment by rows and columns, a flat tensor would change that; use "
                          "backend.flat_optimizer=false with it")
     check_data_path(c)
-    tokenizer_file(c.model)  # names a missing tokenizer file
+    if tokenizer_file(c.model) is None and c.data.kind is not DataKind.synthetic:  # (names a missing file too)
+        raise ValueError(f"data={c.data.kind.value}: {tokenizers.reason(c.model, arch)}")
 
 
 def _offline(var: str) -> bool:
