@@ -281,7 +281,8 @@ def tokenized_dataset(cfg: Config, tokenizer):
             try:
                 t = tokenize_record(tokenizer, json.loads(r), cfg.seq_len, cfg.data.assistant_only)
             except Exception as e:  # mistral-common's validator: e.g. two user turns in a row
-                raise DataError(f"{where}: the model's chat template refused this conversation: "
+                template = "Mistral v3" if type(tokenizer).__name__ == "MistralCommonBackend" else "model's"
+                raise DataError(f"{where}: the {template} chat template refused this conversation: "
                                 f"{type(e).__name__}: {e}") from None
             for k in out:
                 out[k].append(t[k])
