@@ -7,7 +7,8 @@ sliding windows, fused projections, experts) at hidden 64. Their vocabulary is 5
 the model group's 32,768 that synthetic ids used to be drawn from (an IndexError then).
 """
 
-from pathlib import Path
+import json
+from dataclasses import asdict
 
 import pytest
 import torch
@@ -158,3 +159,32 @@ def test_packaged_tokenizers_encode_as_the_models_do(name, model_type, vocab, he
     t = data.tokenize_record(tok, {"messages": [{"role": "user", "content": "What is 7 plus 5?"},
                                                 {"role": "assistant", "content": "7 plus 5 is 12."}]}, 512, True)
     assert tok.decode([x for x in t["labels"] if x != data.IGNORE]) == "7 plus 5 is 12." + tok.eos_token
+
+
+@pytest.mark.parametrize("name", ["mistral-7b-v0.3", "phi-4", "qwen3-30b-a3b", "gemma-3-12b"])
+def test_bench_gemm_shapes_carry_the_active_weights(name):
+    """bench.py's GEMM shapes (fused ones for Phi-4, the top-k experts for an MoE) multiply exactly the
+    weights a token meets: the active matmul parameters less the routers (not timed, h x experts each)."""
+    from lorabench.bench import layer_gemms
+
+    m = model_cfg(name)
+    a = architecture_of(m)
+    routers = a.hidden * a.num_experts * sum(a.moe_layers)
+    assert sum(i * o * t for i, o, t in layer_gemms(m)) == a.matmul_params(active=True) - routers
+
+
+def test_mfu_counts_active_experts_and_windows():
+    """summarize's FLOPs: 4 per active base weight and 6 per adapter weight per token, attention per
+    layer with its own window; a DDP rank's JSON form of the Architecture gives the same figures."""
+    from lorabench.config import GpuConfig
+    from lorabench.metrics import summarize
+
+    a = architecture_of(model_cfg("gemma-2-9b"))
+    steps = [{"step": 1, "timed": True, "time_s": 1.0, "tokens_nonpad": 2 * 8192, "tokens_total": 2 * 8192,
+              "tokens_label": 0, "samples": 2, "sum_len_sq": 2 * 8192**2, "loss": 1.0}]
+    params = {"base_matmul": 10**9, "active_matmul": 10**8, "trainable": 10**6}
+    m = summarize(steps, 1.0, params, a, GpuConfig(name="x", peak_bf16_tflops=1000.0))
+    attention = 12 * 16 * 256 * (21 * 2 * 8192**2 + 21 * 4096 * 2 * 8192)  # 21 full layers, 21 of window 4096
+    assert m["perf/model_tflops"] * 1e12 == pytest.approx((4 * 10**8 + 6 * 10**6) * 2 * 8192 + attention)
+    as_json = json.loads(json.dumps(asdict(a)))
+    assert summarize(steps, 1.0, params, as_json, GpuConfig(name="x"))["perf/model_tflops"] == m["perf/model_tflops"]
