@@ -27,7 +27,7 @@ def check_values(c: Config) -> None:
         raise ValueError(f"lora.r={c.lora.r} is larger than the model's hidden size "
                          f"({arch.hidden}); a rank above it adds parameters and no capacity")
     if c.seq_len > arch.max_positions:
-        raise ValueError(f"seq_len={c.seq_len} exceeds the max_position_embeddings={arch.max_positions} "
+        raise ValueError(f"seq_len={c.seq_len} exceeds model.max_position_embeddings={arch.max_positions} "
                          f"of model={c.model.name}")
     arch.resolve_lora_targets(c.lora.target_modules)  # a name the architecture lacks: one line
     if c.data.kind is DataKind.synthetic and c.data.packing:

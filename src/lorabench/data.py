@@ -383,7 +383,8 @@ def synthetic_collator(rows: list[dict]) -> dict:
     """Synthetic rows are all seq_len tokens: stacked as they are, every position real (no
     tokenizer needed, so they run for a model without one)."""
     ids = torch.tensor([r["input_ids"] for r in rows])
-    return {"input_ids": ids, "labels": torch.tensor([r["labels"] for r in rows]), "attention_mask": torch.ones_like(ids)}
+    return {"input_ids": ids, "labels": torch.tensor([r["labels"] for r in rows]),
+            "attention_mask": torch.ones_like(ids)}
 
 
 def packs(cfg: Config) -> bool:

