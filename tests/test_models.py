@@ -188,3 +188,16 @@ def test_mfu_counts_active_experts_and_windows():
     assert m["perf/model_tflops"] * 1e12 == pytest.approx((4 * 10**8 + 6 * 10**6) * 2 * 8192 + attention)
     as_json = json.loads(json.dumps(asdict(a)))
     assert summarize(steps, 1.0, params, as_json, GpuConfig(name="x"))["perf/model_tflops"] == m["perf/model_tflops"]
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_each_option_builds_with_its_published_keys(name):
+    """The model group's config.json keys (rope scaling, windows, soft-caps, experts...) build its
+    transformers model: at 2 layers of hidden 64 here, with every other key as published."""
+    shrink = ["model.num_hidden_layers=2", "model.hidden_size=64", "model.intermediate_size=64",
+              "model.num_attention_heads=4", "model.num_key_value_heads=2"]  # the vocabulary stays: token ids
+    m = OmegaConf.to_object(compose_cfg([f"model={name}", *shrink])).model
+    model = modeling.random_init(m, torch.device("cpu"), torch.float32)
+    a = Architecture.from_hf_config(model.config)
+    assert a == architecture_of(m) and a.model_type == architecture_of(model_cfg(name)).model_type
+    assert sum(p.numel() for p in model.parameters()) == a.total_params()  # the count is the model's
