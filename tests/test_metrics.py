@@ -6,9 +6,12 @@ import pytest
 from lorabench.config import GpuConfig, Pricing
 from lorabench.devices import resolve_gpu
 from lorabench.metrics import percentile, summarize
+from lorabench.models import Architecture
 
 PARAMS = {"base_matmul": 1_000_000, "trainable": 10_000}
-ARCH = {"layers": 2, "heads": 4, "head_dim": 32}
+ARCH = Architecture.from_hf_config(__import__("transformers").MistralConfig(
+    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32, hidden_size=128,
+    sliding_window=None))  # full attention in both layers
 
 
 def steps(n_warm, n_timed, nonpad=900, total=1000, samples=4, time_s=0.5, sq=300_000):

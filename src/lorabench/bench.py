@@ -107,11 +107,9 @@ def fraction(measured: float, datasheet) -> float | None:
 
 def layer_gemms(m: ModelConfig) -> list[tuple[int, int, int]]:
     """(in features, out features, times per step) of every frozen base linear layer a LoRA step
-    multiplies by: q, k, v, o, gate, up, down in each decoder layer, and the output head once."""
-    h, q, kv, ff = m.hidden_size, m.num_attention_heads * m.head_dim, m.num_key_value_heads * m.head_dim, \
-        m.intermediate_size
-    n = m.num_hidden_layers
-    return [(h, q, n), (h, kv, 2 * n), (q, h, n), (h, ff, 2 * n), (ff, h, n), (h, m.vocab_size, 1)]
+    multiplies by: each decoder layer's projections (q, k, v, o, gate, up, down, or Phi-3's fused
+    ones; an MoE layer's active experts), and the output head once (lorabench.models.Architecture)."""
+    return modeling.architecture_of(m).gemm_shapes()
 
 
 def gemm_rate(device: torch.device, h: HardwareConfig, m: ModelConfig, tokens: int, dtype) -> float:

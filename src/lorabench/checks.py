@@ -9,6 +9,7 @@ device the cell runs on (the launching host of a SLURM sweep may have no GPU).
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import stat
@@ -16,10 +17,8 @@ from pathlib import Path
 
 from lorabench.config import (BNB_OPTIMIZERS, QUANTISED, Backend, BenchConfig, Config, DataKind, ModelConfig,
                               OptimizerName, Precision, Suite)
+from lorabench.models import Architecture, architecture_of, tokenizers
 from lorabench.modeling import tokenizer_file
-
-# The linear layers of a Mistral decoder layer, the names LoRA can target.
-MISTRAL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def check_values(c: Config) -> None:
@@ -34,9 +33,15 @@ def check_values(c: Config) -> None:
 
 def value_problems(c: Config) -> list[Exception]:
     """What check_values finds, each check on its own: a multirun's preflight lists them all."""
-    found = []
-    for check in (check_shapes, check_targets, check_backend, check_run, lambda c: check_model_path(c.model),
-                  check_data_path, check_vocab):
+    found: list[Exception] = []
+    checks = [check_backend, check_run, check_data_path]
+    try:  # model.path first: the architecture's checks read its config.json
+        check_model_path(c.model)
+        arch = architecture_of(c.model)  # the checkpoint's shape with model.path, else the model group's
+        checks = [functools.partial(check, arch=arch) for check in (check_shapes, check_targets, check_vocab)] + checks
+    except (ValueError, FileNotFoundError) as e:
+        found.append(e)
+    for check in checks:
         try:
             check(c)
         except (ValueError, FileNotFoundError) as e:
@@ -44,13 +49,14 @@ def value_problems(c: Config) -> list[Exception]:
     return found
 
 
-def check_shapes(c: Config) -> None:
-    if c.lora.r > c.model.hidden_size:
+def check_shapes(c: Config, arch: Architecture) -> None:
+    """The checkpoint's shape with model.path, else the model group's."""
+    if c.lora.r > arch.hidden:
         raise ValueError(f"lora.r={c.lora.r} is larger than the model's hidden size "
-                         f"({c.model.hidden_size}); a rank above it adds parameters and no capacity")
-    if c.seq_len > c.model.max_position_embeddings:
-        raise ValueError(f"seq_len={c.seq_len} exceeds model.max_position_embeddings="
-                         f"{c.model.max_position_embeddings} of model={c.model.name}")
+                         f"({arch.hidden}); a rank above it adds parameters and no capacity")
+    if c.seq_len > arch.max_positions:
+        raise ValueError(f"seq_len={c.seq_len} exceeds model.max_position_embeddings={arch.max_positions} "
+                         f"of model={c.model.name}")
     if c.data.max_samples is not None and c.data.max_samples < c.batch * c.train.nproc and not packs(c):
         # Fewer samples than one step takes: every step would hold data.max_samples samples and the
         # cell would be labelled with a batch it never ran.
@@ -66,11 +72,8 @@ def packs(c: Config) -> bool:
     return c.data.packing and c.data.kind is not DataKind.synthetic
 
 
-def check_targets(c: Config) -> None:
-    unknown = sorted(set(c.lora.target_modules) - set(MISTRAL_LINEAR) - {"all-linear"})
-    if unknown:
-        raise ValueError(f"lora.target_modules={c.lora.target_modules}: {unknown} is not a linear layer of a "
-                         f"Mistral model; use any of {list(MISTRAL_LINEAR)} or [all-linear]")
+def check_targets(c: Config, arch: Architecture) -> None:
+    arch.resolve_lora_targets(c.lora.target_modules)  # a name the architecture lacks: one line
 
 
 def check_run(c: Config) -> None:
@@ -81,19 +84,23 @@ def check_run(c: Config) -> None:
             raise ValueError(f"{key} must be in [0, 2**32 - 1], got {seed}")
 
 
-def check_vocab(c: Config) -> None:
-    """A randomly initialised model (model.path null) must embed every token id the data holds: the
-    tokenizer's ids for text data, [FIRST_PLAIN_TOKEN, vocab_size) for synthetic rows. (A checkpoint's
+def check_vocab(c: Config, arch: Architecture) -> None:
+    """The data's token ids against the model: synthetic rows draw [FIRST_PLAIN_TOKEN, vocab); text data
+    needs the model's tokenizer offline (refused in one line for a model without one), and a randomly
+    initialised model (model.path null) must embed every id of a mistral-common tokenizer. (A checkpoint's
     own config.json sets its vocabulary.) Names a missing tokenizer file too."""
     path = tokenizer_file(c.model)
-    if c.model.path is not None:
-        return
+    key = "model.vocab_size" if c.model.path is None else f"model.path={c.model.path!r}: vocab_size"
     if c.data.kind is DataKind.synthetic:
         from lorabench.data import FIRST_PLAIN_TOKEN  # (here: lorabench.data imports transformers)
 
-        if c.model.vocab_size <= FIRST_PLAIN_TOKEN:
-            raise ValueError(f"model.vocab_size={c.model.vocab_size}: data=synthetic draws token ids from "
-                             f"[{FIRST_PLAIN_TOKEN}, vocab_size); use model.vocab_size > {FIRST_PLAIN_TOKEN}")
+        if arch.vocab <= FIRST_PLAIN_TOKEN:
+            raise ValueError(f"{key}={arch.vocab}: data=synthetic draws token ids from "
+                             f"[{FIRST_PLAIN_TOKEN}, vocab_size); use a vocab_size > {FIRST_PLAIN_TOKEN}")
+        return
+    if path is None:
+        raise ValueError(f"data={c.data.kind.value}: {tokenizers.reason(c.model, arch)}")
+    if c.model.path is not None or tokenizers.tokenizer_name(c.model, arch) in tokenizers.BPE:
         return
     from mistral_common.tokens.tokenizers.mistral import MistralTokenizer  # (0.1 s to read the file)
 
@@ -273,19 +280,23 @@ def check_device(c: Config, device) -> None:
 def host_memory_need(c: Config) -> dict[str, float]:
     """A lower bound of what a CPU cell holds in host memory at once, in bytes: the weights, the
     adapters' gradients and AdamW states, the logits and their gradient (fp32 in the loss), and each
-    layer's activations kept for the backward pass (layer input, attention and MLP outputs: 4 x
-    hidden, and 2 x intermediate per token; only the layer inputs under checkpointing). What the
+    layer's activations kept for the backward pass (Architecture.activation_width per token; only
+    the layer inputs under checkpointing), all from the model's real shape (model.path's config.json). What the
     kernels add on top (attention scores, temporaries) is left out, so a cell under this bound can
     still run out: the watchdog (lorabench.guard) catches that one."""
-    m = c.model
-    h, ff, layers, tokens = m.hidden_size, m.intermediate_size, m.num_hidden_layers, c.batch * c.seq_len
-    q, kv = m.num_attention_heads * m.head_dim, m.num_key_value_heads * m.head_dim
+    a = architecture_of(c.model)
+    h, layers, tokens = a.hidden, a.layers, c.batch * c.seq_len
     width = 2 if c.precision.name is Precision.bf16 else 4
-    params = 2 * m.vocab_size * h + layers * (2 * h * q + 2 * h * kv + 3 * h * ff)
-    lora = layers * len(c.lora.target_modules) * c.lora.r * 2 * h  # about r x (in + out) each
-    per_layer = (h if c.train.gradient_checkpointing else 4 * h + 2 * ff) * tokens * width
-    return {"weights": params * width + lora * (4 + 4 + 8), "logits": 2 * tokens * m.vocab_size * 4,
+    params = a.total_params()  # every weight, embeddings included (once when tied to the head)
+    lora = a.lora_params(_linear_targets(a, c.lora.target_modules), c.lora.r)
+    per_layer = (h if c.train.gradient_checkpointing else a.activation_width()) * tokens * width
+    return {"weights": params * width + lora * (4 + 4 + 8), "logits": 2 * tokens * a.vocab * 4,
             "activations": layers * per_layer}
+
+
+def _linear_targets(a: Architecture, requested) -> tuple:
+    targets = a.resolve_lora_targets(requested)
+    return a.lora_targets if targets == ("all-linear",) else targets
 
 
 def check_host_memory(c: Config) -> None:

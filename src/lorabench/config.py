@@ -15,7 +15,7 @@ import textwrap
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
@@ -103,18 +103,20 @@ def _non_negative(name: str, value: Optional[float]) -> None:
 
 @dataclass
 class ModelConfig:
+    # Recorded in results. With `path` set it becomes the checkpoint's name (the folder's, or the hub id).
     name: str = MISSING
     # Local directory with config.json + *.safetensors (or a hub id when online). null = random
     # initialisation built directly on the target device: valid speed and memory, not quality.
     path: Optional[str] = None
     # Architecture for random initialisation (ignored when `path` is set: the checkpoint's own
-    # config.json is used then).
+    # config.json is used then): transformers' model_type and the config.json keys of that name.
+    model_type: str = "mistral"
     num_hidden_layers: int = MISSING
     hidden_size: int = MISSING
     intermediate_size: int = MISSING
     num_attention_heads: int = MISSING
     num_key_value_heads: int = MISSING
-    head_dim: int = MISSING
+    head_dim: Optional[int] = None  # null: hidden_size / num_attention_heads (Qwen2 has no such key)
     vocab_size: int = 32768
     rope_theta: float = 1_000_000.0
     max_position_embeddings: int = 32768
@@ -122,8 +124,13 @@ class ModelConfig:
     # Std of the random initialisation. Mistral's 0.02 caps a tiny model's logits: with hidden 128
     # after RMSNorm, |logit| <= 0.02 * 128 = 2.6, so its loss could not fall far below ln(32768).
     initializer_range: float = 0.02
-    # Tokenizer file shipped inside the mistral-common wheel (mistral_common/data/), or a path.
-    tokenizer: str = "mistral_instruct_tokenizer_240323.model.v3"
+    # The published config.json's other keys (rope scaling, sliding windows, soft-caps, experts, tied
+    # embeddings, token ids...), passed as they are to AutoConfig.for_model(model_type, ...).
+    hf_config: Dict[str, Any] = field(default_factory=dict)
+    # null: the architecture's own tokenizer where a package ships it offline (lorabench.models.tokenizers),
+    # else none (chat data refused, synthetic rows run). Or a file shipped in mistral-common's data
+    # folder (mistral_common/data/), or a path to a SentencePiece / tekken file.
+    tokenizer: Optional[str] = None
     attn_implementation: str = "sdpa"
     # A checkpoint's own Python code is not run, and pickled (.bin) weights are not loaded, unless asked.
     trust_remote_code: bool = False
@@ -131,13 +138,18 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         for k in ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
-                  "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings"):
+                  "num_key_value_heads", "vocab_size", "max_position_embeddings"):
             _positive(f"model.{k}", getattr(self, k))
+        if self.head_dim is not None:
+            _positive("model.head_dim", self.head_dim)
         for k in ("rope_theta", "rms_norm_eps", "initializer_range"):
             _positive(f"model.{k}", getattr(self, k))
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(f"model.num_attention_heads ({self.num_attention_heads}) must be a multiple "
                              f"of model.num_key_value_heads ({self.num_key_value_heads})")
+        if self.path:  # the checkpoint's architecture, so its name
+            local = Path(self.path).expanduser()
+            self.name = local.resolve().name if local.exists() else self.path
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
     source (tiny_instruct | sharegpt | jsonl | hf)  ->  records: {"messages": [...]} or {"text": ...}
       -> subset (data.max_samples, data.seed)
-      -> tokenised with the Mistral v3 chat template by datasets.map, cached on disk
+      -> tokenised with the model's chat template by datasets.map, cached on disk
       -> over-long samples truncated or dropped (data.overlong)
       -> optionally packed into rows of seq_len (data.packing)
       -> batches: right-padded, `attention_mask` (or, packed, `real_tokens`) marks real tokens
@@ -30,11 +30,12 @@ from transformers import DataCollatorForSeq2Seq
 from lorabench import packed_attention
 from lorabench.checks import packs  # (re-exported: data.packs is what the loop and the fast path ask)
 from lorabench.config import Config, DataKind, Overlong, Padding
+from lorabench.models import architecture_of, tokenizers
 
 log = logging.getLogger(__name__)
 
 IGNORE = -100  # label value the loss skips
-FIRST_PLAIN_TOKEN = 1000  # Mistral v3 ids below this are control and byte tokens
+FIRST_PLAIN_TOKEN = 1000  # Mistral v3 ids below this are control and byte tokens (Tekken's: control)
 BOS, EOS, INST_END = 1, 2, 4  # <s>, </s>, [/INST] in the Mistral v3 vocabulary
 REAL_TOKENS = "real_tokens"  # batch key of a packed batch's non-pad mask (for the meter, not the model)
 CACHE_VERSION = 1  # bump when tokenisation changes, so old cache files are not reused
@@ -198,11 +199,20 @@ def assistant_spans_only(ids: list[int]) -> list[int]:
 
 
 def tokenize_record(tokenizer, record: dict, seq_len: int, assistant_only: bool) -> dict:
-    if "messages" in record and record["messages"]:
+    mistral = type(tokenizer).__name__ == "MistralCommonBackend"  # mistral-common's template, ids below
+    if "messages" in record and record["messages"] and mistral:
         ids = tokenizer.apply_chat_template(record["messages"], tokenize=True, return_dict=False)
         labels = assistant_spans_only(ids) if assistant_only else list(ids)
+    elif "messages" in record and record["messages"]:
+        # The template's {% generation %} marks (lorabench.models.tokenizers) say which tokens are the answers'.
+        out = tokenizer.apply_chat_template(record["messages"], tokenize=True, return_dict=True,
+                                            return_assistant_tokens_mask=True)
+        ids = list(out["input_ids"])
+        labels = [t if keep else IGNORE for t, keep in zip(ids, out["assistant_masks"])] if assistant_only \
+            else list(ids)
     else:
-        ids = [BOS, *tokenizer.encode(record["text"], add_special_tokens=False), EOS]
+        bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []  # Qwen has none
+        ids = [*bos, *tokenizer.encode(record["text"], add_special_tokens=False), tokenizer.eos_token_id]
         labels = list(ids)  # plain text: every token is trained on
     # n_tokens keeps the length before truncation, so truncated and dropped samples can be counted.
     return {"input_ids": ids[:seq_len], "labels": labels[:seq_len], "n_tokens": len(ids)}
@@ -212,7 +222,8 @@ def source_identity(cfg: Config) -> dict:
     """What the cached tokens depend on: a changed file, tokenizer or setting gives a new cache file."""
     d = cfg.data
     ident = {"v": CACHE_VERSION, "kind": d.kind.value, "max_samples": d.max_samples, "seed": d.seed,
-             "seq_len": cfg.seq_len, "assistant_only": d.assistant_only, "tokenizer": cfg.model.tokenizer}
+             "seq_len": cfg.seq_len, "assistant_only": d.assistant_only,
+             "tokenizer": Path(tokenizers.tokenizer_name(cfg.model, architecture_of(cfg.model))).name}
     if d.kind in (DataKind.jsonl, DataKind.hf) and d.path:
         p = Path(d.path)
         ident["path"] = str(p.resolve()) if p.exists() else d.path
@@ -271,7 +282,8 @@ def tokenized_dataset(cfg: Config, tokenizer):
             try:
                 t = tokenize_record(tokenizer, json.loads(r), cfg.seq_len, cfg.data.assistant_only)
             except Exception as e:  # mistral-common's validator: e.g. two user turns in a row
-                raise DataError(f"{where}: the Mistral v3 chat template refused this conversation: "
+                template = "Mistral v3" if type(tokenizer).__name__ == "MistralCommonBackend" else "model's"
+                raise DataError(f"{where}: the {template} chat template refused this conversation: "
                                 f"{type(e).__name__}: {e}") from None
             for k in out:
                 out[k].append(t[k])
@@ -362,16 +374,28 @@ class SyntheticTokens(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> dict:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + i)
-        ids = torch.randint(FIRST_PLAIN_TOKEN, self.vocab_size, (self.seq_len,), generator=g).tolist()
+        # Above the control tokens where the vocabulary has room (a test checkpoint's tiny one may not).
+        low = FIRST_PLAIN_TOKEN if self.vocab_size > 2 * FIRST_PLAIN_TOKEN else 0
+        ids = torch.randint(low, self.vocab_size, (self.seq_len,), generator=g).tolist()
         return {"input_ids": ids, "labels": list(ids)}
 
+
+def synthetic_collator(rows: list[dict]) -> dict:
+    """Synthetic rows are all seq_len tokens: stacked as they are, every position real (no
+    tokenizer needed, so they run for a model without one)."""
+    ids = torch.tensor([r["input_ids"] for r in rows])
+    return {"input_ids": ids, "labels": torch.tensor([r["labels"] for r in rows]),
+            "attention_mask": torch.ones_like(ids)}
 
 
 def build_dataset(cfg: Config, tokenizer):
     """(dataset, stats): what the Trainer iterates over, and counts for the cell's result."""
     d = cfg.data
+    arch = architecture_of(cfg.model)  # the checkpoint's with model.path: ids below its own vocabulary
     if d.kind is DataKind.synthetic:
-        return SyntheticTokens(d.max_samples, cfg.seq_len, cfg.model.vocab_size, d.seed), {}
+        return SyntheticTokens(d.max_samples, cfg.seq_len, arch.vocab, d.seed), {}
+    if tokenizer is None:
+        raise DataError(f"data={d.kind.value}: {tokenizers.reason(cfg.model, arch)}")
     ds, stats = tokenized_dataset(cfg, tokenizer)
     n_tokens = ds["n_tokens"]
     over = sum(n > cfg.seq_len for n in n_tokens)
@@ -393,6 +417,8 @@ def build_dataset(cfg: Config, tokenizer):
 
 
 def build_collator(cfg: Config, tokenizer):
+    if cfg.data.kind is DataKind.synthetic:
+        return synthetic_collator
     width = cfg.seq_len if cfg.data.padding is Padding.max_length else None
     if packs(cfg):
         return PackedCollator(tokenizer.pad_token_id, width, segments=cfg.backend.varlen_attention)

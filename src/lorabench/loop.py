@@ -210,13 +210,13 @@ def train(c: Config, trainer: MeasuredTrainer, resume: Resume, watch: Watch, ckp
         raise CellInterrupted(f"{preemption.signal_name}: {stopped}; run the same command again to resume")
 
 
-def flop_arch(model) -> dict:
-    """The model's shape as lorabench.metrics counts attention FLOPs with it."""
-    return {"layers": model.config.num_hidden_layers, "heads": model.config.num_attention_heads,
-            "head_dim": model.config.head_dim}
+def flop_arch(model) -> modeling.Architecture:
+    """The FLOP count's facts (lorabench.metrics): layers, heads, head_dim, each layer's attention window,
+    the active experts, from the built model's own config."""
+    return modeling.Architecture.from_hf_config(model.config)
 
 
-def collect_metrics(c: Config, device: torch.device, gpu: GpuConfig, model, params: dict, arch: dict,
+def collect_metrics(c: Config, device: torch.device, gpu: GpuConfig, model, params: dict, arch: modeling.Architecture,
                     data_stats: dict, watch: Watch) -> dict:
     """The cell's metrics: the timed window's throughput, MFU and cost, the data, device and host
     memory, offload, NVML and profile figures."""

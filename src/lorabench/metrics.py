@@ -14,10 +14,12 @@ pool; nvidia-smi shows reserved + CUDA context + other processes). With train.of
   mem/host_offload_peak_gib   pinned host memory that one micro-batch's offloaded activations hold
   count/offload_late_tensors  offloaded tensors the backward waited for (not prefetched in time)
 MFU: model FLOPs per non-pad token over the GPU's dense bf16 peak, with
-  FLOPs = (4*N_base + 6*N_lora) per token + 12*L*H*head_dim*l^2 per sample of l tokens.
+  FLOPs = (4*N_active + 6*N_lora) per token + 12*H*head_dim*l*min(l, window) per layer and sample of l tokens.
   A frozen base weight costs 2 (forward) + 2 (input gradient) FLOPs per token and has no weight
-  gradient; an adapter weight costs the full 6. Recomputation from gradient checkpointing and 4-bit
-  dequantisation are not model FLOPs and are not counted.
+  gradient; an adapter weight costs the full 6. N_active counts an MoE layer's top-k experts only
+  (what a token runs through); window is each layer's own (None: l). Recomputation from gradient
+  checkpointing and 4-bit dequantisation are not model FLOPs and are not counted. The architecture's
+  facts come from lorabench.models.Architecture.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import math
 import torch
 
 from lorabench.config import GpuConfig, Pricing
+from lorabench.models.architecture import Architecture
 
 GIB = 2**30
 # Where a profiled step's time goes (lorabench.profile); in this order in tables and plots.
@@ -45,17 +48,20 @@ def percentile(values: list[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
-def summarize(steps: list[dict], window_s: float, params: dict, arch: dict, gpu: GpuConfig,
+def summarize(steps: list[dict], window_s: float, params: dict, arch: Architecture | dict, gpu: GpuConfig,
               n_gpus: int = 1) -> dict:
-    """Throughput, FLOPs, cost and loss from the per-step records of the timed window."""
+    """Throughput, FLOPs, cost and loss from the per-step records of the timed window. `arch`: the
+    model's Architecture, or its fields as a DDP rank's JSON file holds them."""
+    arch = arch if isinstance(arch, Architecture) else Architecture.from_dict(arch)
     timed = [s for s in steps if s["timed"]]
     if not timed:
         raise RuntimeError("no timed step: train.max_steps must exceed train.untimed_steps")
     tot = {k: sum(s[k] for s in timed) for k in ("tokens_nonpad", "tokens_total", "tokens_label", "samples",
                                                   "sum_len_sq")}
     times = [s["time_s"] for s in timed]
-    flops = ((4 * params["base_matmul"] + 6 * params["trainable"]) * tot["tokens_nonpad"]
-             + 12 * arch["layers"] * arch["heads"] * arch["head_dim"] * tot["sum_len_sq"])
+    active = params.get("active_matmul", params["base_matmul"])  # a dense model's are its all
+    flops = ((4 * active + 6 * params["trainable"]) * tot["tokens_nonpad"]
+             + arch.attention_flops(tot["sum_len_sq"], tot["tokens_nonpad"]))
     out = {
         "perf/tokens_per_s": tot["tokens_nonpad"] / window_s,
         "perf/total_tokens_per_s": tot["tokens_total"] / window_s,
@@ -77,6 +83,7 @@ def summarize(steps: list[dict], window_s: float, params: dict, arch: dict, gpu:
         "train/loss_first": steps[0].get("loss"),
         "train/loss_final": steps[-1].get("loss"),
         "params/base_matmul": params["base_matmul"],
+        "params/active_matmul": active,
         "params/trainable": params["trainable"],
     }
     price = hourly_price(gpu)

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from lorabench.config import QUANTISED, Config, LoraConfig, ModelConfig, Precision
+from lorabench.models import Architecture, architecture_of, hf_config, tokenizers
 
 # Precision -> dtype of the weights that stay unquantised (and of the 4/8-bit compute).
 WEIGHT_DTYPE = {
@@ -24,63 +25,55 @@ WEIGHT_DTYPE = {
     Precision.fp32: torch.float32,
 }
 def build_tokenizer(model_cfg: ModelConfig):
-    """The real Mistral v3 tokenizer, from the file shipped inside the mistral-common wheel.
+    """The model's real tokenizer, offline (lorabench.models.tokenizers): a Mistral model's from the
+    file shipped inside the mistral-common wheel, Llama-3's, Qwen's and Phi-4's from the BPE ranks
+    their packages ship; None where none ships (chat data is refused then, lorabench.data, and
+    synthetic rows run at the model's vocabulary).
 
     Not LlamaTokenizer(vocab_file=...): in transformers 5 that silently yields a 3-token
     vocabulary. MistralCommonBackend wraps mistral-common's own encoder and chat template.
     """
+    arch = architecture_of(model_cfg)
+    path = tokenizers.tokenizer_file(model_cfg, arch)
+    if path is None:
+        return None
+    name = tokenizers.tokenizer_name(model_cfg, arch)
+    if name in tokenizers.BPE:
+        return tokenizers.build_bpe(name, path)
     from transformers.tokenization_mistral_common import MistralCommonBackend
 
     # mode="finetuning" lets a conversation end with the assistant's turn (serving mode refuses it).
-    return MistralCommonBackend(tokenizer_path=str(tokenizer_file(model_cfg)), mode="finetuning",
-                                padding_side="right")
+    return MistralCommonBackend(tokenizer_path=str(path), mode="finetuning", padding_side="right")
 
 
-def tokenizer_file(model_cfg: ModelConfig) -> Path:
-    """model.tokenizer: a path, or the name of a file shipped in mistral-common's data folder."""
-    path = Path(model_cfg.tokenizer)
-    if not path.is_absolute():
-        import mistral_common
-
-        path = Path(mistral_common.__file__).parent / "data" / model_cfg.tokenizer
-    if not path.is_file():
-        raise FileNotFoundError(f"model.tokenizer={model_cfg.tokenizer!r}: no such file ({path})")
-    return path
+def tokenizer_file(model_cfg: ModelConfig) -> Path | None:
+    """The file the model's tokenizer is read from (model.tokenizer, or the architecture's own: see
+    lorabench.models.tokenizers), None when it has none offline."""
+    return tokenizers.tokenizer_file(model_cfg, architecture_of(model_cfg))
 
 
 def save_fast_tokenizer(model_cfg: ModelConfig, directory: Path) -> None:
-    """The same SentencePiece vocabulary as a `tokenizers` tokenizer.json in `directory`, for loaders
-    that read a tokenizer from a model's folder with AutoTokenizer (Unsloth's). Its vocabulary and
-    merges are extracted from the model file, so it encodes text as build_tokenizer does."""
+    """The model's tokenizer as a `tokenizers` tokenizer.json in `directory`, for loaders that read a
+    tokenizer from a model's folder with AutoTokenizer (Unsloth's). A SentencePiece model's vocabulary
+    and merges are extracted from its file, so it encodes text as build_tokenizer does."""
     from transformers import LlamaTokenizer
     from transformers.convert_slow_tokenizer import SentencePieceExtractor
 
-    spm = SentencePieceExtractor(str(tokenizer_file(model_cfg))).extract(None)
+    arch = architecture_of(model_cfg)
+    path = tokenizers.tokenizer_file(model_cfg, arch)
+    if path is None or path.suffix == ".json":  # none offline, or Tekken (mistral-common's own format)
+        why = tokenizers.reason(model_cfg, arch) if path is None else "Tekken is read by mistral-common only"
+        raise ValueError(f"model={model_cfg.name}: no tokenizer to save for a loader that reads a folder ({why})")
+    if tokenizers.tokenizer_name(model_cfg, arch) in tokenizers.BPE:
+        build_tokenizer(model_cfg).save_pretrained(directory)
+        return
+    spm = SentencePieceExtractor(str(path)).extract(None)
     LlamaTokenizer(vocab=spm["vocab"], merges=spm["merges"]).save_pretrained(directory)
 
 
 def mistral_config(model_cfg: ModelConfig):
-    from transformers import MistralConfig
-
-    return MistralConfig(
-        vocab_size=model_cfg.vocab_size,
-        hidden_size=model_cfg.hidden_size,
-        intermediate_size=model_cfg.intermediate_size,
-        num_hidden_layers=model_cfg.num_hidden_layers,
-        num_attention_heads=model_cfg.num_attention_heads,
-        num_key_value_heads=model_cfg.num_key_value_heads,
-        head_dim=model_cfg.head_dim,
-        max_position_embeddings=model_cfg.max_position_embeddings,
-        rope_parameters={"rope_type": "default", "rope_theta": model_cfg.rope_theta},
-        rms_norm_eps=model_cfg.rms_norm_eps,
-        initializer_range=model_cfg.initializer_range,
-        sliding_window=None,  # v0.3 uses full attention
-        tie_word_embeddings=False,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=None,
-        use_cache=False,  # training: no KV cache
-    )
+    """The model group's transformers config, whatever its model_type (the name is older than that)."""
+    return hf_config(model_cfg)
 
 
 def quantization_config(precision: Precision, double_quant: bool):
@@ -101,14 +94,14 @@ def random_init(model_cfg: ModelConfig, device: torch.device, dtype: torch.dtype
     from transformers import AutoModelForCausalLM
 
     with torch.device(device):
-        return AutoModelForCausalLM.from_config(mistral_config(model_cfg), dtype=dtype,
+        return AutoModelForCausalLM.from_config(hf_config(model_cfg), dtype=dtype,
                                                 attn_implementation=model_cfg.attn_implementation)
 
 
 def build_model(cfg: Config, device: torch.device):
     """Base model at the cell's precision on `device`. Returns (model, weights) where weights
     says where the weights came from ("random_init" or the path)."""
-    from transformers import AutoModelForCausalLM, MistralForCausalLM
+    from transformers import AutoModelForCausalLM
 
     precision = cfg.precision.name
     dtype = WEIGHT_DTYPE[precision]
@@ -126,15 +119,14 @@ def build_model(cfg: Config, device: torch.device):
         )
         weights = cfg.model.path
     else:
-        mcfg = mistral_config(cfg.model)
         model = random_init(cfg.model, device, dtype)
         if quant is not None:
             # Hand the random bf16 tensors to transformers' loader as a state dict, so they are
             # quantised exactly as a checkpoint would be. Peak device memory during the load:
             # the bf16 copy (2 bytes/param, 14.5 GB for 7.25B) plus the quantised model.
-            state = model.state_dict()
+            state, cls, mcfg = model.state_dict(), type(model), model.config
             del model
-            model = MistralForCausalLM.from_pretrained(
+            model = cls.from_pretrained(
                 None, config=mcfg, state_dict=state, dtype=dtype, quantization_config=quant,
                 device_map=device_map, attn_implementation=cfg.model.attn_implementation)
             del state
@@ -155,7 +147,8 @@ def apply_lora(model, lora: LoraConfig, precision: Precision, gradient_checkpoin
         model = prepare_model_for_kbit_training(
             model, use_gradient_checkpointing=gradient_checkpointing,
             gradient_checkpointing_kwargs={"use_reentrant": False})
-    targets = lora.target_modules
+    # The architecture's own names: q/k/v asked for on Phi-3's fused qkv_proj land on it (checks refused the rest).
+    targets = Architecture.from_hf_config(model.config).resolve_lora_targets(lora.target_modules)
     peft_cfg = PeftLoraConfig(
         r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, bias="none", task_type="CAUSAL_LM",
         target_modules="all-linear" if list(targets) == ["all-linear"] else list(targets))
@@ -171,19 +164,31 @@ def apply_lora(model, lora: LoraConfig, precision: Precision, gradient_checkpoin
 def count_params(model) -> dict:
     """Parameter counts that the FLOPs formula needs.
 
-    matmul: weights of every linear layer of the base model, output head included, embeddings
-    excluded (a lookup, not a matmul). Quantised layers store packed values, so they are counted
-    from their logical shapes. lora: the trainable adapter parameters.
+    base_matmul: weights of every linear layer of the base model, output head included, embeddings
+    excluded (a lookup, not a matmul); an MoE layer's experts (3-D parameters in transformers 5)
+    and router included. Quantised layers store packed values, so they are counted from their
+    logical shapes. active_matmul: the same with each MoE layer's experts at the share a token runs
+    through (top-k of n), what a token costs. trainable: the adapter parameters.
     """
     import torch.nn as nn
 
-    base_matmul = lora = 0
+    arch = Architecture.from_hf_config(model.config)
+    share = arch.experts_per_token / arch.num_experts if arch.is_moe else 1.0
+    base_matmul = active = lora = 0.0
     for name, mod in model.named_modules():
         if "lora_" in name:
             continue
         if isinstance(mod, nn.Linear):  # bitsandbytes' Linear4bit/Linear8bitLt subclass it
             base_matmul += mod.in_features * mod.out_features
+            active += mod.in_features * mod.out_features
+        for pname, p in mod.named_parameters(recurse=False):
+            if p.ndim == 3 and name.endswith("experts"):  # [experts, out, in]: every expert of the layer
+                base_matmul += p.numel()
+                active += p.numel() * share
+            elif p.ndim == 2 and name.endswith("mlp.gate") and pname == "weight":  # the router: every token
+                base_matmul += p.numel()
+                active += p.numel()
     for p in model.parameters():
         if p.requires_grad:
             lora += p.numel()
-    return {"base_matmul": base_matmul, "trainable": lora}
+    return {"base_matmul": int(base_matmul), "active_matmul": int(active), "trainable": int(lora)}

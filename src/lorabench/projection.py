@@ -184,7 +184,9 @@ def step_parts(r: CellResult, src: Gpu) -> Step:
     flops = m["perf/model_tflops"] * 1e12 * t
     tr = c.get("train", {})
     if tr.get("gradient_checkpointing"):  # checkpointed layers run their forward twice
-        flops += 2 * m["params/base_matmul"] * common["tokens"] * tr.get("checkpoint_fraction", 1.0)
+        # (the active weights: an MoE layer recomputes only the experts its tokens run through)
+        flops += 2 * m.get("params/active_matmul", m["params/base_matmul"]) * common["tokens"] \
+            * tr.get("checkpoint_fraction", 1.0)
     compute = min(t, flops / (src.matmul_tflops(common["rows"], src) * 1e12))
     return Step(compute=compute, memory=t - compute, data=0.0, host=0.0,
                 basis="FLOP count (no profile; the rest taken as memory-bound)", **common)

@@ -1,0 +1,248 @@
+"""The facts of a decoder architecture that lorabench's consumers need, in one place.
+
+`Architecture.from_hf_config(cfg)` is the one function that reads a transformers config (a
+checkpoint's config.json, or the one lorabench.models.hf_config builds from conf/model/<name>.yaml);
+the FLOP count and MFU (lorabench.metrics), the checks and the host-memory estimate
+(lorabench.checks), synthetic data (lorabench.data), the tokenizer and LoRA targets
+(lorabench.modeling) and bench.py's GEMM shapes read the numbers derived here and assume no
+family or shape of their own.
+
+What the config classes leave implicit is in FAMILY, per model_type (transformers 5.17's modeling
+code): Qwen2's q/k/v bias (hard-coded True, no config key), Qwen3's and Gemma-3's RMSNorm on q and k,
+Gemma's sandwich norms, (1 + w) norm weights and sqrt(hidden) embedding scale, Phi-3's fused
+qkv_proj and gate_up_proj.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP = ("gate_proj", "up_proj", "down_proj")
+FUSED = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class Family:
+    """What a model_type's modeling code does that its config does not say."""
+
+    qkv_bias: bool | None = None  # None: the config's attention_bias decides
+    qk_norm: bool = False
+    sandwich_norms: bool = False  # post-attention and post-MLP norms besides the two pre-norms
+    gemma_style: bool = False  # norm weight used as (1 + w), embeddings scaled by sqrt(hidden)
+    fused: bool = False  # one qkv_proj and one gate_up_proj
+
+
+FAMILY = {
+    "llama": Family(),
+    "mistral": Family(),
+    "mixtral": Family(),
+    "qwen2": Family(qkv_bias=True),
+    "qwen3": Family(qk_norm=True),
+    "qwen3_moe": Family(qk_norm=True),
+    "gemma2": Family(sandwich_norms=True, gemma_style=True),
+    "gemma3_text": Family(qk_norm=True, sandwich_norms=True, gemma_style=True),
+    "phi3": Family(fused=True),
+}
+
+
+@dataclass(frozen=True)
+class Architecture:
+    model_type: str
+    hidden: int
+    intermediate: int  # the dense MLP's width (an MoE model's dense layers, if any)
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    max_positions: int
+    tied_embeddings: bool
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    qk_norm: bool
+    sandwich_norms: bool
+    norm_offset: float  # RMSNorm scales by (norm_offset + w): 1 for Gemma, 0 elsewhere
+    embed_scale: float  # embeddings multiplied by this: sqrt(hidden) for Gemma
+    attn_logit_softcap: float | None
+    final_logit_softcap: float | None
+    windows: tuple  # per layer: its sliding attention window in tokens, None = full causal attention
+    activation: str
+    fused_qkv: bool
+    fused_gate_up: bool
+    num_experts: int  # 0: a dense model
+    experts_per_token: int
+    expert_intermediate: int
+    moe_layers: tuple  # per layer: True where the MLP is the experts (an MoE model may keep dense layers)
+    partial_rotary_factor: float
+    rope_theta: float
+    lora_targets: tuple  # the names of the nn.Linear projections LoRA can target
+
+    @classmethod
+    def from_hf_config(cls, cfg) -> "Architecture":
+        """The one reader of a transformers PretrainedConfig (a multimodal one gives its text model's)."""
+        cfg = cfg.get_text_config()
+        if cfg.model_type not in FAMILY:
+            raise ValueError(f"model_type={cfg.model_type!r} is not an architecture lorabench knows; "
+                             f"supported: {sorted(FAMILY)}")
+        fam = FAMILY[cfg.model_type]
+        hidden, heads, layers = cfg.hidden_size, cfg.num_attention_heads, cfg.num_hidden_layers
+        bias = bool(getattr(cfg, "attention_bias", False))  # Llama: q, k, v and o; Qwen3: q, k, v
+        experts = getattr(cfg, "num_experts", None) or 0  # Mixtral maps num_experts to num_local_experts
+        sliding, types = getattr(cfg, "sliding_window", None), getattr(cfg, "layer_types", None)
+        windows = tuple(sliding if t == "sliding_attention" else None for t in types) if types \
+            else (sliding,) * layers  # Mistral, Mixtral, Phi-3: one window (or none) for every layer
+        rope = getattr(cfg, "rope_parameters", None) or {}
+        rope = rope.get("full_attention", rope)  # Gemma-3: one rope per layer type; the global layers'
+        fused = fam.fused
+        if experts:
+            dense_only = set(getattr(cfg, "mlp_only_layers", None) or [])
+            step = getattr(cfg, "decoder_sparse_step", 1) or 1
+            moe = tuple(i not in dense_only and (i + 1) % step == 0 for i in range(layers))
+        else:
+            moe = (False,) * layers
+        targets = FUSED if fused else ATTENTION + (MLP if not all(moe) else ())
+        return cls(
+            model_type=cfg.model_type, hidden=hidden, intermediate=cfg.intermediate_size, layers=layers,
+            heads=heads, kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
+            head_dim=getattr(cfg, "head_dim", None) or hidden // heads, vocab=cfg.vocab_size,
+            max_positions=cfg.max_position_embeddings,
+            tied_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
+            qkv_bias=fam.qkv_bias if fam.qkv_bias is not None else bias,
+            o_bias=bias and cfg.model_type == "llama", mlp_bias=bool(getattr(cfg, "mlp_bias", False)),
+            qk_norm=fam.qk_norm, sandwich_norms=fam.sandwich_norms,
+            norm_offset=1.0 if fam.gemma_style else 0.0,
+            embed_scale=math.sqrt(hidden) if fam.gemma_style else 1.0,
+            attn_logit_softcap=getattr(cfg, "attn_logit_softcapping", None),
+            final_logit_softcap=getattr(cfg, "final_logit_softcapping", None),
+            windows=windows, activation=getattr(cfg, "hidden_activation", None) or cfg.hidden_act,
+            fused_qkv=fused, fused_gate_up=fused, num_experts=experts,
+            experts_per_token=getattr(cfg, "num_experts_per_tok", 0) if experts else 0,
+            expert_intermediate=(getattr(cfg, "moe_intermediate_size", None) or cfg.intermediate_size)
+            if experts else 0,
+            moe_layers=moe, partial_rotary_factor=float(rope.get("partial_rotary_factor", 1.0)),
+            rope_theta=float(rope.get("rope_theta", 0.0)), lora_targets=targets)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Architecture":
+        """From asdict() after a JSON round trip (a DDP rank's file): lists back to tuples."""
+        return cls(**{f.name: tuple(d[f.name]) if isinstance(d[f.name], list) else d[f.name] for f in fields(cls)})
+
+    # ------------------------------------------------------------------ shapes
+    @property
+    def q_dim(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    def projections(self) -> dict[str, tuple[int, int]]:
+        """(in, out) features of each linear projection of a decoder layer, by module name."""
+        h, q, kv, ff = self.hidden, self.q_dim, self.kv_dim, self.intermediate
+        return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
+                "qkv_proj": (h, q + 2 * kv), "gate_proj": (h, ff), "up_proj": (h, ff), "down_proj": (ff, h),
+                "gate_up_proj": (h, 2 * ff)}
+
+    def resolve_lora_targets(self, requested) -> tuple:
+        """The module names LoRA wraps for lora.target_modules: names of this architecture's
+        projections as they are; where q/k/v (gate/up) are one fused layer (Phi-3), the three (two)
+        names asked for together give the fused one. Any other name: ValueError in one line."""
+        requested = list(requested)
+        if requested == ["all-linear"]:
+            return ("all-linear",)
+        out = []
+        for fused, parts in (("qkv_proj", ATTENTION[:3]), ("gate_up_proj", MLP[:2])):
+            asked = [n for n in parts if n in requested]
+            if self.fused_qkv and asked:
+                if len(asked) < len(parts):
+                    raise ValueError(f"lora.target_modules={requested}: model_type={self.model_type} has one fused "
+                                     f"{fused} for {'/'.join(parts)}: name all of them, or {fused}, or none")
+                out.append(fused)
+        for name in requested:
+            if name in out or (self.fused_qkv and name in ATTENTION[:3] + MLP[:2]):
+                continue
+            if name not in self.lora_targets:
+                raise ValueError(f"lora.target_modules={requested}: {name!r} is not a linear layer of "
+                                 f"model_type={self.model_type}; use any of {list(self.lora_targets)} or [all-linear]")
+            out.append(name)
+        return tuple(out)
+
+    def layer_counts(self, name: str) -> int:
+        """In how many decoder layers the nn.Linear `name` exists (an MoE layer's MLP has none)."""
+        return sum(not m for m in self.moe_layers) if name in MLP + ("gate_up_proj",) else self.layers
+
+    def lora_params(self, targets, r: int) -> int:
+        """Trainable parameters of rank-r adapters on `targets`: r x (in + out) per projection and layer."""
+        shapes = self.projections()
+        return sum(r * sum(shapes[t]) * self.layer_counts(t) for t in targets)
+
+    # ------------------------------------------------------------------ parameter counts
+    def matmul_params(self, active: bool = False) -> int:
+        """Weights that multiply each token's activations: every decoder layer's projections (an MoE
+        layer's router and its experts: all of them, or with `active` the top-k each token runs
+        through) and the output head; embeddings are a lookup, not counted."""
+        h, q, kv = self.hidden, self.q_dim, self.kv_dim
+        attention = 2 * h * q + 2 * h * kv
+        dense = 3 * h * self.intermediate  # gate, up and down (SwiGLU / GeGLU)
+        n_moe = sum(self.moe_layers)
+        experts = self.experts_per_token if active else self.num_experts
+        moe = h * self.num_experts + experts * 3 * h * self.expert_intermediate
+        return self.layers * attention + (self.layers - n_moe) * dense + n_moe * moe + h * self.vocab
+
+    def total_params(self, active: bool = False) -> int:
+        """Every parameter, as a checkpoint's size is quoted: matmul weights, embeddings (once when
+        tied to the head), biases and norm weights; with `active` an MoE model's top-k experts only
+        (its "activated" size)."""
+        h = self.hidden
+        embed = 0 if self.tied_embeddings else self.vocab * h
+        bias = self.layers * ((self.q_dim + 2 * self.kv_dim) * self.qkv_bias + h * self.o_bias)
+        bias += self.layers * self.mlp_bias * (2 * self.intermediate + h)
+        norms = self.layers * ((4 if self.sandwich_norms else 2) * h + 2 * self.head_dim * self.qk_norm) + h
+        return self.matmul_params(active) + embed + bias + norms
+
+    # ------------------------------------------------------------------ FLOPs
+    def attention_flops(self, sum_len_sq: float, tokens: float) -> float:
+        """Attention's score and value products over a batch, forward and backward: 12 x heads x
+        head_dim per (query, key) pair, each query counted against every key of its sample (the
+        usual convention, causality not halved) or, in a sliding-window layer, against at most
+        `window` keys. From sum(l^2) and sum(l) over the samples, a windowed layer's pairs are
+        min(sum l^2, window x sum l): exact when every sample is on one side of the window (fixed
+        rows are), an upper bound otherwise."""
+        pairs = sum(sum_len_sq if w is None else min(sum_len_sq, w * tokens) for w in self.windows)
+        return 12 * self.heads * self.head_dim * pairs
+
+    def flops_per_token(self, seq_len: int, lora_params: int = 0) -> float:
+        """Model FLOPs of one training token in full rows of seq_len tokens (lorabench.metrics'
+        convention: 4 per frozen active weight, 6 per adapter weight, plus attention)."""
+        attention = self.attention_flops(seq_len**2, seq_len) / seq_len
+        return 4 * self.matmul_params(active=True) + 6 * lora_params + attention
+
+    def gemm_shapes(self) -> list[tuple[int, int, int]]:
+        """(in, out, times per step) of the base products one training step runs on every token:
+        each layer's projections (an MoE layer's active experts as k products of the expert's
+        shape: its FLOPs, not its smaller per-expert row counts) and the output head once."""
+        p, n_moe = self.projections(), sum(self.moe_layers)
+        attn = [p["qkv_proj"] + (1,)] if self.fused_qkv else [p["q_proj"] + (1,), p["k_proj"] + (2,)]
+        shapes = [(i, o, t * self.layers) for i, o, t in attn] + [p["o_proj"] + (self.layers,)]
+        dense = self.layers - n_moe
+        if dense:
+            up = [p["gate_up_proj"] + (dense,)] if self.fused_gate_up else [p["gate_proj"] + (2 * dense,)]
+            shapes += up + [p["down_proj"] + (dense,)]
+        if n_moe:
+            h, f, k = self.hidden, self.expert_intermediate, self.experts_per_token
+            shapes += [(h, f, 2 * k * n_moe), (f, h, k * n_moe)]
+        return shapes + [(self.hidden, self.vocab, 1)]
+
+    def activation_width(self) -> int:
+        """Values per token that a decoder layer keeps for its backward pass, about: its input, the
+        attention's q/k/v and output (4 x hidden) and the MLP's two intermediates (an MoE layer's
+        for each of its top-k experts)."""
+        ff = self.experts_per_token * self.expert_intermediate if self.is_moe else self.intermediate
+        return 4 * self.hidden + 2 * ff

