@@ -12,7 +12,7 @@ PY := .venv/bin/python
 	python3 -m venv .venv
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,tokenizers]'  # tokenizers: Llama-3's, Qwen's and Phi-4's, offline
 	touch $@
 
 demo: .venv/.installed
