@@ -277,6 +277,22 @@ def test_liger_s_module_patches_for_the_architecture_are_undone_after_the_cell(t
     assert {a: getattr(mq, a) for a in before} == before
 
 
+@pytest.mark.parametrize("model_type", ARCHS)
+def test_liger_table_names_what_transformers_has(model_type):
+    """Each architecture's entry names its transformers module and the classes and RoPE there that Liger's
+    patch replaces (what the cell's scope puts back), and Liger's function where Liger is installed."""
+    patch = fastpath.LIGER[model_type]
+    module = importlib.import_module(patch.module)
+    assert all(hasattr(module, a) for a in patch.attrs if a != "CrossEntropyLoss"), patch
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    assert MODEL_FOR_CAUSAL_LM_MAPPING[type(arch_config(model_type))].__module__ == patch.module  # the model's own
+    if HAS_LIGER:
+        from liger_kernel.transformers import monkey_patch
+
+        assert callable(getattr(monkey_patch, patch.function))
+
+
 @pytest.mark.skipif(not HAS_LIGER, reason="liger-kernel not installed (pip install -e '.[fast]')")
 @pytest.mark.parametrize("model_type", ARCHS)
 def test_each_architecture_gets_liger_s_own_patch(monkeypatch, model_type):
