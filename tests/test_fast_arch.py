@@ -121,6 +121,10 @@ def test_liger_patch_is_refused_where_the_architecture_lacks_what_its_kernel_com
 
     with pytest.raises(CellSkipped, match="liger has no Liger patch for gpt2"):
         fastpath.check_parts(fast_cfg("backend.liger=[rms_norm]"), GPT2Config(n_layer=2), cpu)
+    from transformers import Gemma3Config
+
+    with pytest.raises(CellSkipped, match="fused_lora computes the attention of .*; gemma3 is not among them"):
+        fastpath.check_parts(fast_cfg(), Gemma3Config(), cpu)  # Gemma-3 with its vision tower
     gemma = arch_config("gemma2")
     gemma.hidden_activation = "gelu"  # exact GELU: Liger's GeGLU computes the tanh approximation
     with pytest.raises(CellSkipped, match="swiglu is Liger's geglu kernel for gemma2 .* its MLP uses gelu"):
