@@ -90,7 +90,13 @@ def features(hf) -> Features:
         rotary_fraction=_rotary_fraction(hf),
         bidirectional=bool(getattr(hf, "use_bidirectional_attention", False)),
         resid_dropout=float(getattr(hf, "resid_pdrop", 0.0) or 0.0),
-        head_dim=getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads)
+        head_dim=_head_dim(hf))
+
+
+def _head_dim(hf) -> int:
+    # (a multimodal config, Gemma-3's, has its sizes in a text config: 0 here, and its model_type refused)
+    heads = getattr(hf, "num_attention_heads", 0)
+    return getattr(hf, "head_dim", None) or (getattr(hf, "hidden_size", 0) // heads if heads else 0)
 
 
 def hf_config(c: Config):
