@@ -57,59 +57,25 @@ def _model_type(hf) -> str:
     return getattr(hf, "model_type", "") or ""
 
 
-def _qkv_bias(hf) -> bool:
-    return _model_type(hf) == "qwen2" or bool(getattr(hf, "attention_bias", False))
-
-
-def _qk_norm(hf) -> bool:
-    return _model_type(hf) in ("qwen3", "qwen3_moe", "gemma3_text")
-
-
-def _sandwich_norms(hf) -> bool:
-    return _model_type(hf) in ("gemma2", "gemma3_text")
-
-
-def _attn_softcap(hf) -> float | None:
-    # Gemma-3's config carries the key too, but its attention does not pass it on (transformers 5)
-    return getattr(hf, "attn_logit_softcapping", None) if _model_type(hf) == "gemma2" else None
-
-
-def _rotary_fraction(hf) -> float:
-    rope = getattr(hf, "rope_parameters", None) or {}
-    return float(rope.get("partial_rotary_factor", getattr(hf, "partial_rotary_factor", 1.0)) or 1.0)
-
-
 def features(hf) -> Features:
-    """The features of the architecture that `hf` (a transformers PretrainedConfig) describes."""
-    return Features(
-        model_type=_model_type(hf), qkv_bias=_qkv_bias(hf), qk_norm=_qk_norm(hf),
-        sandwich_norms=_sandwich_norms(hf), attn_softcap=_attn_softcap(hf),
-        activation=getattr(hf, "hidden_act", None) or getattr(hf, "hidden_activation", None) or "",
-        fused_qkv=_model_type(hf) == "phi3",
-        moe=bool(getattr(hf, "num_local_experts", 0) or getattr(hf, "num_experts", 0)),
-        rotary_fraction=_rotary_fraction(hf),
-        bidirectional=bool(getattr(hf, "use_bidirectional_attention", False)),
-        resid_dropout=float(getattr(hf, "resid_pdrop", 0.0) or 0.0),
-        head_dim=_head_dim(hf))
+    """What the fast path asks of the architecture that `hf` (a transformers PretrainedConfig) describes,
+    from its Architecture (lorabench.models: the one reader of a config). A multimodal config (Gemma-3
+    with its vision tower) keeps its own model_type, which no part computes: refused by name."""
+    from lorabench.models import Architecture
 
-
-def _head_dim(hf) -> int:
-    # (a multimodal config, Gemma-3's, has its sizes in a text config: 0 here, and its model_type refused)
-    heads = getattr(hf, "num_attention_heads", 0)
-    return getattr(hf, "head_dim", None) or (getattr(hf, "hidden_size", 0) // heads if heads else 0)
+    a = Architecture.from_hf_config(hf)
+    return Features(model_type=_model_type(hf), qkv_bias=a.qkv_bias, qk_norm=a.qk_norm,
+                    sandwich_norms=a.sandwich_norms, attn_softcap=a.attn_logit_softcap, activation=a.activation,
+                    fused_qkv=a.fused_qkv, moe=a.num_experts > 0, rotary_fraction=a.partial_rotary_factor,
+                    bidirectional=a.bidirectional, resid_dropout=a.residual_dropout, head_dim=a.head_dim)
 
 
 def hf_config(c: Config):
     """The transformers config of the cell's model: model.path's config.json, else the one the
-    random initialisation is built from."""
-    if c.model.path:
-        from transformers import AutoConfig
+    random initialisation is built from (lorabench.models)."""
+    from lorabench.models import hf_config as model_hf_config
 
-        return AutoConfig.from_pretrained(os.path.expanduser(c.model.path),
-                                          trust_remote_code=c.model.trust_remote_code)
-    from lorabench import modeling
-
-    return modeling.mistral_config(c.model)
+    return model_hf_config(c.model)
 
 
 # ---- Liger-Kernel's patch for each architecture ----------------------------------------------------------

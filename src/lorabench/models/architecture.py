@@ -32,6 +32,7 @@ class Family:
     sandwich_norms: bool = False  # post-attention and post-MLP norms besides the two pre-norms
     gemma_style: bool = False  # norm weight used as (1 + w), embeddings scaled by sqrt(hidden)
     fused: bool = False  # one qkv_proj and one gate_up_proj
+    attn_softcap: bool = False  # the attention soft-caps its logits (Gemma-3's config has the key, unused)
 
 
 FAMILY = {
@@ -41,7 +42,7 @@ FAMILY = {
     "qwen2": Family(qkv_bias=True),
     "qwen3": Family(qk_norm=True),
     "qwen3_moe": Family(qk_norm=True),
-    "gemma2": Family(sandwich_norms=True, gemma_style=True),
+    "gemma2": Family(sandwich_norms=True, gemma_style=True, attn_softcap=True),
     "gemma3_text": Family(qk_norm=True, sandwich_norms=True, gemma_style=True),
     "phi3": Family(fused=True),
 }
@@ -79,6 +80,8 @@ class Architecture:
     partial_rotary_factor: float
     rope_theta: float
     lora_targets: tuple  # the names of the nn.Linear projections LoRA can target
+    bidirectional: bool = False  # attention not causal (a config's use_bidirectional_attention)
+    residual_dropout: float = 0.0  # dropout on the residual branches (Phi-3's resid_pdrop)
 
     @classmethod
     def from_hf_config(cls, cfg) -> "Architecture":
@@ -115,7 +118,7 @@ class Architecture:
             qk_norm=fam.qk_norm, sandwich_norms=fam.sandwich_norms,
             norm_offset=1.0 if fam.gemma_style else 0.0,
             embed_scale=math.sqrt(hidden) if fam.gemma_style else 1.0,
-            attn_logit_softcap=getattr(cfg, "attn_logit_softcapping", None),
+            attn_logit_softcap=getattr(cfg, "attn_logit_softcapping", None) if fam.attn_softcap else None,
             final_logit_softcap=getattr(cfg, "final_logit_softcapping", None),
             windows=windows, activation=getattr(cfg, "hidden_activation", None) or cfg.hidden_act,
             fused_qkv=fused, fused_gate_up=fused, num_experts=experts,
@@ -123,7 +126,9 @@ class Architecture:
             expert_intermediate=(getattr(cfg, "moe_intermediate_size", None) or cfg.intermediate_size)
             if experts else 0,
             moe_layers=moe, partial_rotary_factor=float(rope.get("partial_rotary_factor", 1.0)),
-            rope_theta=float(rope.get("rope_theta", 0.0)), lora_targets=targets)
+            rope_theta=float(rope.get("rope_theta", 0.0)), lora_targets=targets,
+            bidirectional=bool(getattr(cfg, "use_bidirectional_attention", False)),
+            residual_dropout=float(getattr(cfg, "resid_pdrop", 0.0) or 0.0))
 
     @classmethod
     def from_dict(cls, d: dict) -> "Architecture":
