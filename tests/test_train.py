@@ -19,6 +19,7 @@ def default_run(tmp_path_factory):
     return run_dir, proc
 
 
+@pytest.mark.slow  # 100 steps in a fresh interpreter (~16 s of CPU): make test-all, CI; a short default run is below
 def test_default_run_learns_and_records_consistent_numbers(default_run):
     """One test over the one default run (README's first command, 100 steps): its loss falls well
     below its start, and its result file holds numbers consistent with its steps."""
