@@ -9,6 +9,7 @@ device the cell runs on (the launching host of a SLURM sweep may have no GPU).
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import stat
@@ -96,13 +97,18 @@ def check_vocab(c: Config) -> None:
             raise ValueError(f"model.vocab_size={c.model.vocab_size}: data=synthetic draws token ids from "
                              f"[{FIRST_PLAIN_TOKEN}, vocab_size); use model.vocab_size > {FIRST_PLAIN_TOKEN}")
         return
-    from mistral_common.tokens.tokenizers.mistral import MistralTokenizer  # (0.1 s to read the file)
-
-    words = MistralTokenizer.from_file(str(path)).instruct_tokenizer.tokenizer.n_words
+    words = tokenizer_words(str(path))
     if c.model.vocab_size < words:
         raise ValueError(f"model.vocab_size={c.model.vocab_size} is smaller than the tokenizer's {words} tokens "
                          f"(model.tokenizer={c.model.tokenizer}): ids past it would have no embedding; use "
                          f"model.vocab_size >= {words}")
+
+
+@functools.lru_cache(maxsize=4)  # a preflight checks every cell with the same file: read it once (0.1 s)
+def tokenizer_words(path: str) -> int:
+    from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
+
+    return MistralTokenizer.from_file(path).instruct_tokenizer.tokenizer.n_words
 
 
 def check_backend(c: Config) -> None:
