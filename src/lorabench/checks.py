@@ -102,13 +102,18 @@ def check_vocab(c: Config, arch: Architecture) -> None:
         raise ValueError(f"data={c.data.kind.value}: {tokenizers.reason(c.model, arch)}")
     if c.model.path is not None or tokenizers.tokenizer_name(c.model, arch) in tokenizers.BPE:
         return
-    from mistral_common.tokens.tokenizers.mistral import MistralTokenizer  # (0.1 s to read the file)
-
-    words = MistralTokenizer.from_file(str(path)).instruct_tokenizer.tokenizer.n_words
+    words = tokenizer_words(str(path))
     if c.model.vocab_size < words:
         raise ValueError(f"model.vocab_size={c.model.vocab_size} is smaller than the tokenizer's {words} tokens "
                          f"(model.tokenizer={c.model.tokenizer}): ids past it would have no embedding; use "
                          f"model.vocab_size >= {words}")
+
+
+@functools.lru_cache(maxsize=4)  # a preflight checks every cell with the same file: read it once (0.1 s)
+def tokenizer_words(path: str) -> int:
+    from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
+
+    return MistralTokenizer.from_file(path).instruct_tokenizer.tokenizer.n_words
 
 
 def check_backend(c: Config) -> None:
