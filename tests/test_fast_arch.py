@@ -241,10 +241,12 @@ def test_a_refused_architecture_is_a_skipped_cell_with_exit_code_5(tmp_path):
     from transformers import AutoModelForCausalLM
 
     hf = arch_config("gemma2")
-    hf.vocab_size = 32768  # the tokenizer's (the data is built after the check: never here)
+    hf.vocab_size = 32768  # past synthetic data's token floor (the data is built after the check: never here)
     AutoModelForCausalLM.from_config(hf).save_pretrained(tmp_path / "gemma2")
-    result = run_in_process(["backend=fast", "backend.liger=[]", f"model.path={tmp_path / 'gemma2'}",
-                             "train.max_steps=2"], tmp_path / "run")
+    # Synthetic rows within the checkpoint's positions: Gemma's tokenizer ships in no package (chat data would be
+    # refused first, as failed).
+    result = run_in_process(["backend=fast", "backend.liger=[]", f"model.path={tmp_path / 'gemma2'}", "data=synthetic",
+                             f"seq_len={hf.max_position_embeddings}", "train.max_steps=2"], tmp_path / "run")
     assert result.status.value == "skipped" and result.exit_code == 5, result.error
     assert result.error.startswith("backend=fast: varlen_attention is flash attention, without logit soft-capping")
 

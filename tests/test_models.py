@@ -102,7 +102,7 @@ def test_hf_trains_every_architecture(model_type, checkpoints, tmp_path, monkeyp
     path = checkpoints / f"tiny-{model_type}"
     built = spy(monkeypatch, modeling, "apply_lora")
     r = run_in_process([f"model.path={path}", "data=synthetic", "seq_len=16", "batch=4", "data.max_samples=4",
-                        "train.max_steps=3", "train.timing_warmup_steps=1", "lora.r=4", "lora.dropout=0"], tmp_path)
+                        "train.max_steps=3", "train.untimed_steps=1", "lora.r=4", "lora.dropout=0"], tmp_path)
     assert r.status.value == "ok", r.error
     assert r.model["name"] == f"tiny-{model_type}"  # the checkpoint's, not the model group's
     assert r.metrics["train/loss_final"] < r.metrics["train/loss_first"]

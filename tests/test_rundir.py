@@ -477,10 +477,8 @@ def fifo(tmp_path):
     (["train.nproc=2"], ["train.nproc=2 but this node has 0 CUDA device(s); use train.nproc=1, or train.device=cpu"]),
     (["model.vocab_size=10"], ["model.vocab_size=10 is smaller than the tokenizer's 32768 tokens",
                                "model.vocab_size >= 32768"]),
-    (["data=synthetic", "model.vocab_size=1000"], ["model.vocab_size=1000: data=synthetic draws token ids from "
-                                                   "[1000, vocab_size)"]),
 ], ids=["empty-model-path", "max_samples-below-batch", "seed-negative", "data-seed-too-big", "dev-null", "fifo",
-        "empty-jsonl", "nproc-on-cpu", "vocab-below-tokenizer", "vocab-below-synthetic-floor"])
+        "empty-jsonl", "nproc-on-cpu", "vocab-below-tokenizer"])
 def test_values_fail_before_the_model_is_built(tmp_path, capfd, overrides, words):
     import torch
 

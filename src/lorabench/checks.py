@@ -34,7 +34,7 @@ def check_values(c: Config) -> None:
 def value_problems(c: Config) -> list[Exception]:
     """What check_values finds, each check on its own: a multirun's preflight lists them all."""
     found: list[Exception] = []
-    checks = [check_backend, check_run, check_data_path]
+    checks = [check_batch, check_backend, check_run, check_data_path]
     try:  # model.path first: the architecture's checks read its config.json
         check_model_path(c.model)
         arch = architecture_of(c.model)  # the checkpoint's shape with model.path, else the model group's
@@ -57,12 +57,6 @@ def check_shapes(c: Config, arch: Architecture) -> None:
     if c.seq_len > arch.max_positions:
         raise ValueError(f"seq_len={c.seq_len} exceeds model.max_position_embeddings={arch.max_positions} "
                          f"of model={c.model.name}")
-    if c.data.max_samples is not None and c.data.max_samples < c.batch * c.train.nproc and not packs(c):
-        # Fewer samples than one step takes: every step would hold data.max_samples samples and the
-        # cell would be labelled with a batch it never ran.
-        raise ValueError(f"data.max_samples={c.data.max_samples} is fewer than one step's samples (batch={c.batch}"
-                         + (f" x train.nproc={c.train.nproc}" if c.train.nproc > 1 else "")
-                         + f"); use data.max_samples >= {c.batch * c.train.nproc} or a smaller batch")
 
 
 def packs(c: Config) -> bool:
@@ -76,6 +70,15 @@ def check_targets(c: Config, arch: Architecture) -> None:
     arch.resolve_lora_targets(c.lora.target_modules)  # a name the architecture lacks: one line
 
 
+def check_batch(c: Config) -> None:
+    if c.data.max_samples is not None and c.data.max_samples < c.batch * c.train.nproc and not packs(c):
+        # Fewer samples than one step takes: every step would hold data.max_samples samples and the
+        # cell would be labelled with a batch it never ran.
+        raise ValueError(f"data.max_samples={c.data.max_samples} is fewer than one step's samples (batch={c.batch}"
+                         + (f" x train.nproc={c.train.nproc}" if c.train.nproc > 1 else "")
+                         + f"); use data.max_samples >= {c.batch * c.train.nproc} or a smaller batch")
+
+
 def check_run(c: Config) -> None:
     """Values the libraries take only later, after the model is built: the seeds (numpy's, which the
     Trainer seeds too, takes [0, 2**32 - 1])."""
@@ -85,18 +88,12 @@ def check_run(c: Config) -> None:
 
 
 def check_vocab(c: Config, arch: Architecture) -> None:
-    """The data's token ids against the model: synthetic rows draw [FIRST_PLAIN_TOKEN, vocab); text data
+    """The data's token ids against the model: synthetic rows draw below its vocabulary; text data
     needs the model's tokenizer offline (refused in one line for a model without one), and a randomly
     initialised model (model.path null) must embed every id of a mistral-common tokenizer. (A checkpoint's
     own config.json sets its vocabulary.) Names a missing tokenizer file too."""
     path = tokenizer_file(c.model)
-    key = "model.vocab_size" if c.model.path is None else f"model.path={c.model.path!r}: vocab_size"
-    if c.data.kind is DataKind.synthetic:
-        from lorabench.data import FIRST_PLAIN_TOKEN  # (here: lorabench.data imports transformers)
-
-        if arch.vocab <= FIRST_PLAIN_TOKEN:
-            raise ValueError(f"{key}={arch.vocab}: data=synthetic draws token ids from "
-                             f"[{FIRST_PLAIN_TOKEN}, vocab_size); use a vocab_size > {FIRST_PLAIN_TOKEN}")
+    if c.data.kind is DataKind.synthetic:  # ids drawn below the architecture's vocabulary (lorabench.data)
         return
     if path is None:
         raise ValueError(f"data={c.data.kind.value}: {tokenizers.reason(c.model, arch)}")
