@@ -63,7 +63,12 @@ def features(hf) -> Features:
     with its vision tower) keeps its own model_type, which no part computes: refused by name."""
     from lorabench.models import Architecture
 
-    a = Architecture.from_hf_config(hf)
+    try:
+        a = Architecture.from_hf_config(hf)
+    except ValueError:  # a model_type lorabench does not know (GPT-2...): each part refuses it by that name
+        return Features(model_type=_model_type(hf), qkv_bias=False, qk_norm=False, sandwich_norms=False,
+                        attn_softcap=None, activation="", fused_qkv=False, moe=False, rotary_fraction=1.0,
+                        bidirectional=False, resid_dropout=0.0, head_dim=0)
     return Features(model_type=_model_type(hf), qkv_bias=a.qkv_bias, qk_norm=a.qk_norm,
                     sandwich_norms=a.sandwich_norms, attn_softcap=a.attn_logit_softcap, activation=a.activation,
                     fused_qkv=a.fused_qkv, moe=a.num_experts > 0, rotary_fraction=a.partial_rotary_factor,

@@ -160,7 +160,8 @@ def reason(m: ModelConfig, arch: Architecture) -> str:
     else:
         why = NONE_OFFLINE.get(arch.model_type, f"no tokenizer of model_type={arch.model_type} and vocabulary "
                                                 f"{arch.vocab:,} ships in a registry package")
-    return (f"model={m.name} ({arch.model_type}, vocabulary {arch.vocab:,}) has no tokenizer offline: {why}; "
+    vocab = f"model.vocab_size={arch.vocab}" if m.path is None else f"vocabulary {arch.vocab:,}"  # (the key to change)
+    return (f"model={m.name} ({arch.model_type}, {vocab}) has no tokenizer offline: {why}; "
             "use data=synthetic (or model.tokenizer)")
 
 
