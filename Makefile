@@ -1,7 +1,8 @@
 # make demo   set up .venv and run the default cell (tiny Mistral on CPU)
 # make test   set up .venv and run the test suite (CPU; GPU tests skip without CUDA), the slow
 #             end-to-end runs left out (under 180 s of pytest on 2 cores)
-# make test-all   the suite with the slow runs (multi-process sweeps, preemption, two nodes): what CI runs
+# make test-slow  the slow end-to-end runs alone (multi-process sweeps, preemption, two nodes)
+# make test-all   both: CI runs make test-slow, then make test
 # make test-browser   the report page in headless Chromium (CI runs it after make test)
 # TORCH=...   the torch requirement to install first: the default is the CPU build that this
 #             workplace keeps on disk; on a GPU machine use e.g. `make demo TORCH=torch`.
@@ -21,11 +22,13 @@ demo: .venv/.installed
 test: .venv/.installed
 	$(PY) -m pytest -n 2 --dist worksteal -m "not browser and not slow"  # worksteal: the long tests do not queue behind one worker
 
-test-all: .venv/.installed
-	$(PY) -m pytest -n 2 --dist worksteal -m "not browser"
+test-slow: .venv/.installed
+	$(PY) -m pytest -n 2 --dist worksteal -m "slow and not browser"
+
+test-all: test-slow test
 
 # report.html in headless Chromium (Debian: apt-get install chromium); skipped with that line without it.
 test-browser: .venv/.installed
 	$(PY) -m pytest -m browser
 
-.PHONY: demo test test-all test-browser
+.PHONY: demo test test-slow test-all test-browser
