@@ -138,6 +138,7 @@ def test_record_shapes(record, expected):
      "train.jsonl:1: role 'wizard' in turn 0 is not one the Mistral v3 template knows"),
     (['{"messages": [{"role": "user"}, {"role": "assistant", "content": "a"}]}'], "turn 0 needs 'role' and 'content'"),
     (['[1, 2]'], "train.jsonl:1: expected a JSON object"),
+    (['{"text": "ok"}', '{"text": "  "}'], "train.jsonl:2: 'text' is empty, so nothing to train on"),
     (['', '  '], "no records (the file is empty)"),
     (['{"text": "ok"}', '{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}, '
       '{"role": "user", "content": "and then?"}]}'], "train.jsonl:2: the Mistral v3 chat template refused"),

@@ -106,6 +106,8 @@ def normalize(record, where: str, lenient: bool = False) -> dict | None:
         prompt = record["instruction"] + (f"\n\n{record['input']}" if record.get("input") else "")
         return {"messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": record["output"]}]}
     if "text" in record:
+        if not str(record["text"]).strip():  # no token to learn from: a file of them would train on nothing
+            raise DataError(f"{where}: 'text' is empty, so nothing to train on")
         return {"text": str(record["text"])}
     raise DataError(f"{where}: record has none of the fields 'messages', 'conversations', "
                     f"'instruction'+'output' or 'text' (it has {sorted(record)})")
