@@ -69,6 +69,18 @@ def test_search_finds_the_true_best_within_the_cell_cap(estimate_error):
     assert "fastest of" in out.why and f"{out.best.tok_s:,.0f} tok/s" in out.why
 
 
+def test_the_largest_batch_end_is_measured_before_the_cap_runs_out():
+    """hf's case within 22 GiB: kept activations so large (3 GiB a sample) that every layout but full
+    recompute fits a small batch only, and the throughput still rising at b24 (knee 40). With a cap of 6
+    cells the search must still reach the layout that recomputes every layer, whose large batch wins."""
+    gpu = Gpu(per_sample=lambda r, o: 3.0 * (1 - r - o) + 0.5 * r + 0.1, knee=40.0)
+    Ls = layouts(gpu.per_sample)
+    out = search(Space(Ls, BATCHES, gpu.budget, fixed_gib=6.0, max_cells=6), gpu.measure)
+    check_invariants(gpu, out, 6)
+    assert [L.label for L, _, _ in gpu.calls][:1] == ["ckpt 0 offload 0"]
+    assert out.best.layout == "ckpt 1 offload 0" and out.best.batch == gpu.true_best(Ls)[1], gpu.calls
+
+
 def test_a_throughput_plateau_stops_the_batch_and_the_layouts_that_only_buy_batch():
     """Ample memory, a throughput flat from b4 (knee 0.05) and an estimate 3x too high (the first cell a
     small batch): the fastest layout climbs until tok/s rises < 3%, then every layout saving more
