@@ -263,9 +263,10 @@ def search_section() -> str:
         "Every cell each search tried (at most 12 measured per backend; the skipped ones were ruled out by a measured "
         "OOM or the memory model calibrated on the measured cells, without a model load):", "",
         an.search_table(searches), "",
-        "hf's search spent its 12 cells before its fully recomputed layout passed batch 12: a larger batch there "
-        "(16, 24) fits in 22 GiB and was not tried, so hf's best may be higher than this table's. Unsloth was not "
-        "searched in this run.", "",
+        "Both searches stopped at an OOM boundary of their best layout, so neither best is limited by the cell cap. "
+        "Unsloth was not searched in this run. One run's cells vary: the first fast cell (batch 8, nothing "
+        "recomputed) ran well below its neighbours here, where an earlier run of this search (not kept) measured it "
+        "about 1.5x faster; repeat a search before trusting a difference of a few percent.", "",
         f"Run dir: [runs/{d.name}](runs/{d.name}) (`python train.py -m +experiment=tune backend=hf,fast gpu=a10 "
         f"seq_len=512`, its log in log.txt). Table: {cmd('search')}"])
 
@@ -302,7 +303,7 @@ def glance() -> str:
     return "\n".join([
         f"- Searched, within 22 GiB on one H100, seq 512, fixed-length rows (`+experiment=tune`, 12 cells per backend): "
         f"fast's best {tf:,.0f} non-pad tokens/s ({an.layout_name(best['fast'])}), hf's best {th:,.0f} "
-        f"({an.layout_name(best['hf'])}): {tf / th:.2f}x, best against best (hf's search stopped at its cell cap).",
+        f"({an.layout_name(best['hf'])}): {tf / th:.2f}x, best against best.",
         f"- Within 22 GiB on one H100, seq 512, fixed-length rows (Mistral-7B nf4, LoRA r16 q/k/v/o), an earlier run: fast "
         f"{f['tok']:,.0f} non-pad tokens/s ({words(f['layout'])}); Unsloth {u['tok']:,.0f} (the faster of its {nu} "
         f"cells, {words(u['layout'])}); hf {h['tok']:,.0f} (the seed's cell, {words(h['layout'])}). hf and Unsloth "
@@ -332,7 +333,7 @@ seq 2048), and Unsloth two batch sizes with every layer recomputed (its own defa
 those cells, not against their best: hf with fewer layers recomputed or a larger batch may be faster (at seq 512 its
 batch 16 also fits in 22 GiB, see "What fits" below), and so may Unsloth with fewer layers recomputed.
 
-## Newest: searched bests and other models (commit 2e36e96)"""
+## Newest: searched bests (commit c836200) and other models (commit 2e36e96)"""
 CURRENT = """## hf, fast and Unsloth on the same rows (commit 22c8b76)
 
 Unsloth runs only on the fixed-length rows: its patched attention is not known to keep packed samples apart."""
