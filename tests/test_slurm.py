@@ -14,8 +14,10 @@ import pytest
 from conftest import REPO, read_result, read_steps, run_in_process
 
 UP = shutil.which("scontrol") is not None and subprocess.run(["scontrol", "ping"], capture_output=True).returncode == 0
-pytestmark = pytest.mark.skipif(not UP, reason="no SLURM cluster: start one with `sudo launchers/slurm-local.sh up` "
-                                               "(.ci/run does)")
+# slow: multi-process sweeps through a real cluster (20-35 s each); make test-slow and CI run them.
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not UP, reason="no SLURM cluster: start one with `sudo launchers/slurm-local.sh up` "
+                                                "(.ci/run does)")]
 # The local partition: one CPU and 3 GB per job, so the cluster's two CPUs run two cells at a time.
 SLURM = ["hydra/launcher=slurm", "hydra.launcher.partition=cpu", "hydra.launcher.gpus_per_node=0",
          "hydra.launcher.cpus_per_task=1", "hydra.launcher.mem_gb=3"]
