@@ -248,27 +248,28 @@ def words(layout: str) -> str:
 
 
 TUNE = "2026-11-25_tune_s512"
+TUNES = {512: TUNE, 1024: "2026-11-25_tune_s1024"}  # +experiment=tune at c836200 (s512) and 50f810d (s1024)
 MODELS = "2026-11-25_models_s1024"
 
 
-def search_section() -> str:
+def search_section(seq: int) -> str:
     """+experiment=tune on one H100: hf's and fast's best of a 12-cell search each, within 22 GiB."""
-    d = RUNS / TUNE
+    d = RUNS / TUNES[seq]
     results, searches = load_cells(d), load_searches(d)
     axes_ = an.axes(results)
     return "\n".join([
-        "### Each backend's best of a search within 22 GiB, seq 512, fixed-length rows (one H100)", "",
+        f"### Each backend's best of a search within 22 GiB, seq {seq}, fixed-length rows (one H100)", "",
         an.answer(results, searches), "",
         an.backend_table(results, axes_, searches), "",
         "Every cell each search tried (at most 12 measured per backend; the skipped ones were ruled out by a measured "
         "OOM or the memory model calibrated on the measured cells, without a model load):", "",
         an.search_table(searches), "",
         "Both searches stopped at an OOM boundary of their best layout, so neither best is limited by the cell cap. "
-        "Unsloth was not searched in this run. One run's cells vary: the first fast cell (batch 8, nothing "
+        "Unsloth was not searched in this run." + (" One run's cells vary: the first fast cell (batch 8, nothing "
         "recomputed) ran well below its neighbours here, where an earlier run of this search (not kept) measured it "
-        "about 1.5x faster; repeat a search before trusting a difference of a few percent.", "",
+        "about 1.5x faster; repeat a search before trusting a difference of a few percent." if seq == 512 else ""), "",
         f"Run dir: [runs/{d.name}](runs/{d.name}) (`python train.py -m +experiment=tune backend=hf,fast gpu=a10 "
-        f"seq_len=512`, its log in log.txt). Table: {cmd('search')}"])
+        f"seq_len={seq}`, its log in log.txt). Table: {cmd(f'search{seq}')}"])
 
 
 def models_section() -> str:
@@ -333,12 +334,13 @@ seq 2048), and Unsloth two batch sizes with every layer recomputed (its own defa
 those cells, not against their best: hf with fewer layers recomputed or a larger batch may be faster (at seq 512 its
 batch 16 also fits in 22 GiB, see "What fits" below), and so may Unsloth with fewer layers recomputed.
 
-## Newest: searched bests (commit c836200) and other models (commit 2e36e96)"""
+## Newest: searched bests (commits c836200 and 50f810d) and other models (commit 2e36e96)"""
 CURRENT = """## hf, fast and Unsloth on the same rows (commit 22c8b76)
 
 Unsloth runs only on the fixed-length rows: its patched attention is not known to keep packed samples apart."""
 
-SECTIONS = {"search": search_section, "models": models_section, "s512": lambda: budget_section(512), "s1024": lambda: budget_section(1024),
+SECTIONS = {"search512": lambda: search_section(512), "search1024": lambda: search_section(1024),
+            "models": models_section, "s512": lambda: budget_section(512), "s1024": lambda: budget_section(1024),
             "s2048": lambda: budget_section(2048), "whole": whole_section, "profile": profile_section,
             "loss": loss_section, "seed_grid": seed_grid_section, "packing": packing_section,
             "diagnostic": diagnostic_section, "sizing": sizing_section, "ddp": ddp_section,
