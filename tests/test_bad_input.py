@@ -71,11 +71,11 @@ def safetensors_dir(tmp_path, damage):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from lorabench.modeling import mistral_config
+    from lorabench.models import hf_config
 
     d = tmp_path / "ckpt"
     torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(mistral_config(OmegaConf.to_object(compose_cfg()).model)).save_pretrained(d)
+    AutoModelForCausalLM.from_config(hf_config(OmegaConf.to_object(compose_cfg()).model)).save_pretrained(d)
     [f] = d.glob("*.safetensors")
     if damage == "truncated":
         f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])

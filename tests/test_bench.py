@@ -130,10 +130,10 @@ def test_loading_reads_real_weights_from_a_local_path(tmp_path):
     from omegaconf import OmegaConf
     from transformers import AutoModelForCausalLM
 
-    from lorabench.modeling import mistral_config
+    from lorabench.models import hf_config
 
     torch.manual_seed(0)
-    saved = AutoModelForCausalLM.from_config(mistral_config(OmegaConf.to_object(compose_cfg()).model))
+    saved = AutoModelForCausalLM.from_config(hf_config(OmegaConf.to_object(compose_cfg()).model))
     saved.save_pretrained(tmp_path / "ckpt", safe_serialization=True)
     r = run_bench(["suite=loading", f"model.path={tmp_path / 'ckpt'}"], tmp_path / "run")
     assert r.status.value == "ok" and r.model["weights"] == str(tmp_path / "ckpt")

@@ -97,11 +97,11 @@ def test_range_checks_name_the_value(override, message):
 def test_tiny_model_has_a_few_million_parameters():
     from transformers import AutoModelForCausalLM
 
-    from lorabench.modeling import mistral_config
+    from lorabench.models import hf_config
 
     cfg = OmegaConf.to_object(compose_cfg())
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(mistral_config(cfg.model))
+        model = AutoModelForCausalLM.from_config(hf_config(cfg.model))
     n = sum(p.numel() for p in model.parameters())
     assert 2e6 < n < 20e6, n
 
@@ -109,10 +109,10 @@ def test_tiny_model_has_a_few_million_parameters():
 def test_mistral_7b_architecture_matches_v0_3():
     from transformers import AutoModelForCausalLM
 
-    from lorabench.modeling import mistral_config
+    from lorabench.models import hf_config
 
     m = OmegaConf.to_object(compose_cfg(["model=mistral-7b-v0.3"])).model
-    hf = mistral_config(m)
+    hf = hf_config(m)
     assert (hf.num_hidden_layers, hf.hidden_size, hf.num_attention_heads, hf.num_key_value_heads,
             hf.intermediate_size, hf.vocab_size, hf.rope_parameters["rope_theta"]) == (32, 4096, 32, 8, 14336, 32768, 1e6)
     with torch.device("meta"):

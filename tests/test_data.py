@@ -230,12 +230,12 @@ def test_packed_sample_equals_the_sample_alone(tmp_path, tok):
     arithmetic, reduced over differently shaped masked rows, within SAME_MATH of the logits' size."""
     from transformers import AutoModelForCausalLM
 
-    from lorabench.modeling import mistral_config
+    from lorabench.models import hf_config
 
     c = cell(tmp_path)
     torch.manual_seed(0)
     # float64: packed or alone, the model computes the same sums, only their order can differ
-    model = AutoModelForCausalLM.from_config(mistral_config(c.model), attn_implementation="sdpa").double().eval()
+    model = AutoModelForCausalLM.from_config(hf_config(c.model), attn_implementation="sdpa").double().eval()
     a, b, d = (data.tokenize_record(tok, {"messages": m}, 64, True) for m in (
         CONV, [CONV[0], CONV[1]], [{"role": "user", "content": "x " * 20}, {"role": "assistant", "content": "y"}]))
     for s in (a, b, d):

@@ -228,10 +228,10 @@ def test_training_from_a_local_checkpoint(tmp_path):
     from transformers import AutoModelForCausalLM
 
     from conftest import compose_cfg
-    from lorabench.modeling import mistral_config
+    from lorabench.models import hf_config
 
     torch.manual_seed(1)
-    AutoModelForCausalLM.from_config(mistral_config(OmegaConf.to_object(compose_cfg()).model)).save_pretrained(
+    AutoModelForCausalLM.from_config(hf_config(OmegaConf.to_object(compose_cfg()).model)).save_pretrained(
         tmp_path / "ckpt", safe_serialization=True)
     result = run_in_process([*FAST, f"model.path={tmp_path / 'ckpt'}"], tmp_path / "run")
     assert result.status.value == "ok", result.error

@@ -71,11 +71,6 @@ def save_fast_tokenizer(model_cfg: ModelConfig, directory: Path) -> None:
     LlamaTokenizer(vocab=spm["vocab"], merges=spm["merges"]).save_pretrained(directory)
 
 
-def mistral_config(model_cfg: ModelConfig):
-    """The model group's transformers config, whatever its model_type (the name is older than that)."""
-    return hf_config(model_cfg)
-
-
 def quantization_config(precision: Precision, double_quant: bool):
     from transformers import BitsAndBytesConfig
 
