@@ -93,6 +93,40 @@ def random_init(model_cfg: ModelConfig, device: torch.device, dtype: torch.dtype
                                                 attn_implementation=model_cfg.attn_implementation)
 
 
+class RandomWeight:
+    """One weight drawn only when transformers' loader reads it (`w[...]`, as it reads a safetensors
+    slice). The loader quantises each weight as it arrives, so the device holds the quantised model
+    plus one bf16 weight (0.47 GB: Llama-3.3-70B's largest, 28,672 x 8,192) instead of a bf16 copy of
+    the whole model beside it (141 GB for 70.6B parameters: more than an H200's 141 GB with the rest)."""
+
+    def __init__(self, shape: torch.Size, dtype: torch.dtype, device: torch.device, fill: float | None, std: float):
+        self.shape, self.dtype, self.device, self.fill, self.std = shape, dtype, device, fill, std
+
+    def get_shape(self) -> list[int]:
+        return list(self.shape)
+
+    def __getitem__(self, index) -> torch.Tensor:
+        w = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+        return w.fill_(self.fill) if self.fill is not None else w.normal_(0.0, self.std)
+
+
+def random_state_dict(skeleton, device: torch.device) -> dict[str, RandomWeight]:
+    """Every persistent weight of `skeleton` (the model built on the meta device: shapes, no memory),
+    drawn as transformers' own initialisation does: matrices, embeddings and experts normal(0,
+    initializer_range), biases 0, norm weights 1 (0 where the norm scales by 1 + w: Gemma)."""
+    config = skeleton.config
+    norm_weight = 1.0 - Architecture.from_hf_config(config).norm_offset
+    std = getattr(config, "initializer_range", 0.02)
+    weights, seen = {}, set()
+    for name, p in skeleton.state_dict(keep_vars=True).items():
+        if id(p) in seen:  # tied to a weight already listed (lm_head to the embeddings): the loader ties it
+            continue
+        seen.add(id(p))
+        fill = None if p.ndim >= 2 else 0.0 if name.endswith("bias") else norm_weight
+        weights[name] = RandomWeight(p.shape, p.dtype, device, fill, std)
+    return weights
+
+
 def build_model(cfg: Config, device: torch.device):
     """Base model at the cell's precision on `device`. Returns (model, weights) where weights
     says where the weights came from ("random_init" or the path)."""
@@ -114,19 +148,17 @@ def build_model(cfg: Config, device: torch.device):
         )
         weights = cfg.model.path
     else:
-        model = random_init(cfg.model, device, dtype)
-        if quant is not None:
-            # Hand the random bf16 tensors to transformers' loader as a state dict, so they are
-            # quantised exactly as a checkpoint would be. Peak device memory during the load:
-            # the bf16 copy (2 bytes/param, 14.5 GB for 7.25B) plus the quantised model.
-            state, cls, mcfg = model.state_dict(), type(model), model.config
-            del model
-            model = cls.from_pretrained(
-                None, config=mcfg, state_dict=state, dtype=dtype, quantization_config=quant,
-                device_map=device_map, attn_implementation=cfg.model.attn_implementation)
-            del state
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+        if quant is None:
+            model = random_init(cfg.model, device, dtype)
+        else:
+            # Random weights through transformers' loader, one at a time, so they are quantised
+            # exactly as a checkpoint's would be and never all in bf16 at once (RandomWeight).
+            with torch.device("meta"):
+                skeleton = AutoModelForCausalLM.from_config(hf_config(cfg.model), dtype=dtype)
+            model = type(skeleton).from_pretrained(
+                None, config=skeleton.config, state_dict=random_state_dict(skeleton, device), dtype=dtype,
+                quantization_config=quant, device_map=device_map,
+                attn_implementation=cfg.model.attn_implementation)
         weights = "random_init"
     model.config.use_cache = False
     return model, weights
