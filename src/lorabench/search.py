@@ -397,13 +397,15 @@ def token_bytes(c) -> tuple[float, float, float]:
     it on its own cells."""
     from lorabench.config import Backend, Precision
 
-    m, b = c.model, c.backend
+    from lorabench.models import architecture_of
+
+    a, b = architecture_of(c.model), c.backend  # the checkpoint's shape with model.path
     w = 4 if c.precision.name is Precision.fp32 else 2
     unsloth = b.name is Backend.unsloth
-    kept = (4 * m.hidden_size + 2 * m.intermediate_size) * w
-    recomputed = m.hidden_size * (4 if b.upcast_fp32 and not unsloth else w)
+    kept = a.activation_width() * w  # a layer's input, q/k/v/out and the MLP's intermediates, per token
+    recomputed = a.hidden * (4 if b.upcast_fp32 and not unsloth else w)
     logits = (0 if "fused_linear_cross_entropy" in b.liger
-              else 2 * m.vocab_size * 2 if unsloth else 4 * m.vocab_size * 4)
+              else 2 * a.vocab * 2 if unsloth else 4 * a.vocab * 4)
     return kept, recomputed, 2 * kept + logits
 
 
@@ -413,22 +415,27 @@ def fixed_gib(c) -> float:
     LoRA's weights, gradients and AdamW states (4 + 4 + 8 bytes), and 0.5 GiB of allocator slack."""
     from lorabench.config import QUANTISED, Precision
 
-    m, p = c.model, c.precision.name
-    h, q, kv = m.hidden_size, m.num_attention_heads * m.head_dim, m.num_key_value_heads * m.head_dim
-    linear = m.num_hidden_layers * (2 * h * q + 2 * h * kv + 3 * h * m.intermediate_size)
+    from lorabench.models import architecture_of
+
+    a, p = architecture_of(c.model), c.precision.name  # the checkpoint's shape with model.path
+    linear = a.matmul_params() - a.hidden * a.vocab  # every layer's projections (all experts), not the head
     per_param = {Precision.nf4: 0.5 + 1 / 64, Precision.int8: 1.0 + 4 / 4096, Precision.fp32: 4.0}.get(p, 2.0)
     embed_w = 4 if c.backend.upcast_fp32 and p in QUANTISED else (4 if p is Precision.fp32 else 2)
-    targets = 7 if list(c.lora.target_modules) == ["all-linear"] else len(c.lora.target_modules)
-    lora = m.num_hidden_layers * targets * c.lora.r * 2 * h * (4 + 4 + 8)
-    return (linear * per_param + 2 * m.vocab_size * h * embed_w + lora) / GIB + 0.5
+    targets = a.resolve_lora_targets(list(c.lora.target_modules))
+    targets = a.lora_targets if targets == ("all-linear",) else targets
+    lora = a.lora_params(targets, c.lora.r) * (4 + 4 + 8)
+    embeddings = (1 if a.tied_embeddings else 2) * a.vocab * a.hidden
+    return (linear * per_param + embeddings * embed_w + lora) / GIB + 0.5
 
 
 def layouts(c) -> list[Layout]:
     """The layouts of c's backend, in search order: the most layers kept first, then the fewest recomputed."""
     from lorabench.config import Backend
 
+    from lorabench.models import architecture_of
+
     kept, recomputed, common = token_bytes(c)
-    n = c.model.num_hidden_layers
+    n = architecture_of(c.model).layers
 
     def gib(r: float, o: float) -> float:  # per sample, r recomputed and o offloaded fractions of layers
         return c.seq_len * (n * ((1 - r - o) * kept + r * recomputed) + common) / GIB
