@@ -182,14 +182,18 @@ class Search:
         return (fixed, scale) if pts else None
 
     def predict(self, L: Layout, b: int) -> float:
-        """Peak GiB of L at batch b: from L's own largest ok cell where there is one (the fixed part
-        measured, not estimated), else from the calibrated line (or the raw estimate)."""
+        """Peak GiB of L at batch b: along L's own two largest ok cells where there are two (its memory
+        per sample measured: the estimate's split between layouts can be off, e.g. where the logits of a
+        152k vocabulary dominate), from its largest ok cell with the calibrated slope where there is one,
+        else from the calibrated line (or the raw estimate)."""
         cal = self.calibration()
         fixed, scale = cal or (self.s.fixed_gib, 1.0)
-        own = [t for t in self.done(L, "ok") if t.peak_gib is not None]
+        own = sorted((t for t in self.done(L, "ok") if t.peak_gib is not None), key=lambda t: t.batch)
+        if len(own) >= 2 and own[-1].batch > own[-2].batch and own[-1].peak_gib > own[-2].peak_gib:
+            per_sample = (own[-1].peak_gib - own[-2].peak_gib) / (own[-1].batch - own[-2].batch)
+            return own[-1].peak_gib + per_sample * (b - own[-1].batch)
         if own:
-            t = max(own, key=lambda t: t.batch)
-            return t.peak_gib + scale * L.gib_per_sample * (b - t.batch)
+            return own[-1].peak_gib + scale * L.gib_per_sample * (b - own[-1].batch)
         return fixed + scale * L.gib_per_sample * b
 
     def fits_estimate(self, L: Layout, b: int) -> bool:

@@ -11,6 +11,8 @@
 #   m1, m2  (nvidia-h100-x1) seq 1024, hf and fast: llama-3.1-8b and qwen2.5-7b (m1), qwen3-8b and gemma-2-9b
 #           (m2; fast with fused_add_norm and varlen_attention off: Gemma-2's sandwich norms and soft-capped
 #           attention, which those parts do not compute, so backend=fast alone skips the cell)
+#   m3      (nvidia-h100-x1) qwen3-8b's hf search again (m2's skipped a cell that fits: a memory-model bug, fixed)
+#           and gemma-2-9b's fast search (m2 ran out of time before it)
 #   u       (nvidia-h100-x1) Unsloth's search: llama-3.1-8b at seq 1024, Mistral-7B at seq 512
 #   big     (nvidia-h200) llama-3.3-70b nf4 on the whole GPU, seq 1024 b8, every layer recomputed: hf and fast
 #   s2048   (nvidia-h100-x1) Mistral-7B seq 2048, hf and fast
@@ -29,6 +31,9 @@ case $2 in
   m2) tune qwen2.5-7b model=qwen2.5-7b seq_len=1024 backend=hf,fast  # (m1's stopped at a bug in the search, since fixed)
       tune qwen3-8b model=qwen3-8b seq_len=1024 backend=hf,fast
       tune gemma-2-9b model=gemma-2-9b seq_len=1024 backend=hf
+      tune gemma-2-9b_fast model=gemma-2-9b seq_len=1024 backend=fast backend.fused_add_norm=false \
+        backend.varlen_attention=false ;;
+  m3) tune qwen3-8b_hf model=qwen3-8b seq_len=1024 backend=hf  # m2's search of it skipped b4 (fixed since)
       tune gemma-2-9b_fast model=gemma-2-9b seq_len=1024 backend=fast backend.fused_add_norm=false \
         backend.varlen_attention=false ;;
   u)  tune llama-3.1-8b_unsloth model=llama-3.1-8b seq_len=1024 backend=unsloth
