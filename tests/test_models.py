@@ -72,8 +72,8 @@ PUBLISHED = {
     # Its card's "32.5B" is 0.26B short of the weights (the index's 65,527,752,704 bytes): not used.
     "qwen2.5-32b": Published("32.8", HF_PAGE, total_size=65_527_752_704),
     "qwen3-8b": Published("8.19", HF_PAGE),
-    "qwen3-30b-a3b": Published("30.5", "its model card: \"30.5B in total and 3.3B activated\" "
-                                       "(JoseAdrianRodriguezGonzalez/Llm-Component Qwen__Qwen3-30B-A3B-GGUF/README.md)",
+    "qwen3-30b-a3b": Published("30.5", "its model card: \"30.5B in total and 3.3B activated\" (its copy in "
+                                       "JoseAdrianRodriguezGonzalez/Llm-Component Qwen__Qwen3-30B-A3B-GGUF/README.md)",
                                total_size=61_064_245_248),
     "gemma-2-9b": Published("9.24", HF_PAGE),
     "gemma-3-12b": Published("12.2", HF_PAGE + "; the checkpoint with its vision tower"),
