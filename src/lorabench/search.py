@@ -396,14 +396,15 @@ def token_bytes(c) -> tuple[float, float, float]:
     token, fast 0.55 MB, Unsloth offloaded 0.24 MB) this gives 1.20, 0.44 and 0.31 MB; the search refits
     it on its own cells."""
     from lorabench.config import Backend, Precision
+    from lorabench.models import architecture_of
 
-    m, b = c.model, c.backend
+    a, b = architecture_of(c.model), c.backend  # model.path: the checkpoint's shape
     w = 4 if c.precision.name is Precision.fp32 else 2
     unsloth = b.name is Backend.unsloth
-    kept = (4 * m.hidden_size + 2 * m.intermediate_size) * w
-    recomputed = m.hidden_size * (4 if b.upcast_fp32 and not unsloth else w)
+    kept = a.activation_width() * w
+    recomputed = a.hidden * (4 if b.upcast_fp32 and not unsloth else w)
     logits = (0 if "fused_linear_cross_entropy" in b.liger
-              else 2 * m.vocab_size * 2 if unsloth else 4 * m.vocab_size * 4)
+              else 2 * a.vocab * 2 if unsloth else 4 * a.vocab * 4)
     return kept, recomputed, 2 * kept + logits
 
 
@@ -412,15 +413,16 @@ def fixed_gib(c) -> float:
     scale per 64 weights under double quantisation), embeddings and head (fp32 under QLoRA's upcast),
     LoRA's weights, gradients and AdamW states (4 + 4 + 8 bytes), and 0.5 GiB of allocator slack."""
     from lorabench.config import QUANTISED, Precision
+    from lorabench.models import architecture_of
 
-    m, p = c.model, c.precision.name
-    h, q, kv = m.hidden_size, m.num_attention_heads * m.head_dim, m.num_key_value_heads * m.head_dim
-    linear = m.num_hidden_layers * (2 * h * q + 2 * h * kv + 3 * h * m.intermediate_size)
+    a, p = architecture_of(c.model), c.precision.name  # model.path: the checkpoint's shape
+    h = a.hidden
+    linear = a.matmul_params() - h * a.vocab  # every decoder layer's projections (all experts), not the head
     per_param = {Precision.nf4: 0.5 + 1 / 64, Precision.int8: 1.0 + 4 / 4096, Precision.fp32: 4.0}.get(p, 2.0)
     embed_w = 4 if c.backend.upcast_fp32 and p in QUANTISED else (4 if p is Precision.fp32 else 2)
     targets = 7 if list(c.lora.target_modules) == ["all-linear"] else len(c.lora.target_modules)
-    lora = m.num_hidden_layers * targets * c.lora.r * 2 * h * (4 + 4 + 8)
-    return (linear * per_param + 2 * m.vocab_size * h * embed_w + lora) / GIB + 0.5
+    lora = a.layers * targets * c.lora.r * 2 * h * (4 + 4 + 8)
+    return (linear * per_param + 2 * a.vocab * h * embed_w + lora) / GIB + 0.5
 
 
 def layouts(c) -> list[Layout]:
