@@ -37,15 +37,19 @@ CHECKPOINTS = {
 
 @dataclass(frozen=True)
 class Published:
-    """A published parameter count. `figure`: billions as printed in `source`; the count lies within
-    half a unit of its last digit (8.03 -> [8.025, 8.035)), or in [figure, figure + one unit) where the
-    source truncates (Qwen's cards: "7.61B" for Qwen2.5-7B's 7,615,616,512). `total_size`: where found,
-    the checkpoint's model.safetensors.index.json total in bytes, bf16 so 2 per parameter: the exact count."""
+    """A model's published size. `figure`: billions as printed in `source`, the count within half a unit
+    of its last digit (8.03 -> [8.025, 8.035)), or in [figure, figure + one unit) where the source
+    truncates (Qwen's cards: "7.61B" for Qwen2.5-7B's 7,615,616,512). `exact`: the count to the unit
+    from `exact_source`: keras-hub's presets (keras_hub/src/models/*/*_presets.py, counted on the
+    converted weights), the checkpoint's model.safetensors.index.json total_size (bytes, bf16: 2 per
+    parameter), or the Hugging Face API's or a GGUF file's count, as public code quotes it for the
+    checkpoint it names."""
 
     figure: str
     source: str
+    exact: int | None = None
+    exact_source: str = ""
     truncated: bool = False
-    total_size: int | None = None
 
     def bounds(self) -> tuple[float, float]:
         unit = 10.0 ** -len(self.figure.partition(".")[2]) * 1e9
@@ -55,31 +59,42 @@ class Published:
 
 HF_PAGE = "its Hugging Face page's size, as issue 34 gives it (the page was not read here)"
 QWEN25_CARD = "its model card (ZHUI/paddlenlp_model_readme Qwen/{}/index.md)"
-# Each conf/model option's published size. The total_size figures are the checkpoints' index files as
-# public code and notes quote them, each naming its checkpoint (Qwen2.5-7B-Instruct's with the file's
-# URL): Llama-3.1-8B's, Llama-3.1-70B-Instruct's (its config has llama-3.3-70b's values), Mistral 7B
-# v0.3's, Qwen2.5-7B- and 32B-Instruct's, Qwen3-30B-A3B's (16 shards).
+QUOTED = "as public code quotes it for {}"
 PUBLISHED = {
-    "llama-3.1-8b": Published("8.03", HF_PAGE, total_size=16_060_522_496),
+    "llama-3.1-8b": Published("8.03", HF_PAGE, 8_030_261_248, "keras-hub llama3_presets.py, llama3.1_instruct_8b"),
     "llama-3.2-3b": Published("3.21", "its model card: \"3B (3.21B)\" (ZHUI/paddlenlp_model_readme "
-                                      "meta-llama/Llama-3.2-3B-Instruct/index.md)"),
-    "llama-3.3-70b": Published("70.6", HF_PAGE, total_size=141_107_412_992),
-    "mistral-7b-v0.3": Published("7.25", HF_PAGE, total_size=14_496_047_104),
-    "mistral-nemo-12b": Published("12.2", HF_PAGE),
-    "qwen2.5-7b": Published("7.61", QWEN25_CARD.format("Qwen2.5-7B-Instruct"), truncated=True,
-                            total_size=15_231_233_024),
-    "qwen2.5-14b": Published("14.7", QWEN25_CARD.format("Qwen2.5-14B-Instruct"), truncated=True),
-    # Its card's "32.5B" is 0.26B short of the weights (the index's 65,527,752,704 bytes): not used.
-    "qwen2.5-32b": Published("32.8", HF_PAGE, total_size=65_527_752_704),
-    "qwen3-8b": Published("8.19", HF_PAGE),
+                                      "meta-llama/Llama-3.2-3B-Instruct/index.md)", 3_212_749_824,
+                              "the Hugging Face API's safetensors count, " + QUOTED.format("Llama-3.2-3B-Instruct")),
+    "llama-3.3-70b": Published("70.6", HF_PAGE, 70_553_706_496,
+                               "the Hugging Face API's safetensors total, " + QUOTED.format("Llama-3.3-70B-Instruct")),
+    "mistral-7b-v0.3": Published("7.25", HF_PAGE, 7_248_023_552,
+                                 "keras-hub mistral_presets.py, mistral_0.3_instruct_7b_en"),
+    "mistral-nemo-12b": Published("12.2", HF_PAGE, 12_247_782_400, "ollama/ollama issue 8277: general.parameter_count "
+                                                                   "of Mistral-Nemo-Instruct-2407's GGUF"),
+    "qwen2.5-7b": Published("7.61", QWEN25_CARD.format("Qwen2.5-7B-Instruct"), 15_231_233_024 // 2,
+                            "its index file's total_size, " + QUOTED.format("Qwen2.5-7B-Instruct (with the URL)"),
+                            truncated=True),
+    "qwen2.5-14b": Published("14.7", QWEN25_CARD.format("Qwen2.5-14B-Instruct"), 14_770_033_664,
+                             "llama.cpp's n_params of its GGUF, " + QUOTED.format("Qwen2.5-14B-Instruct-Q4_K_M"),
+                             truncated=True),
+    # Its card's "32.5B" is 0.26B short of the weights: not used.
+    "qwen2.5-32b": Published("32.8", HF_PAGE, 32_763_876_352, "keras-hub qwen_presets.py, qwen2.5_instruct_32b_en"),
+    "qwen3-8b": Published("8.19", "keras-hub qwen3_presets.py, qwen3_8b_en: \"8.19B parameters\"", 8_190_735_360,
+                          "keras-hub qwen3_presets.py, qwen3_8b_en"),
     "qwen3-30b-a3b": Published("30.5", "its model card: \"30.5B in total and 3.3B activated\" (its copy in "
                                        "JoseAdrianRodriguezGonzalez/Llm-Component Qwen__Qwen3-30B-A3B-GGUF/README.md)",
-                               total_size=61_064_245_248),
-    "gemma-2-9b": Published("9.24", HF_PAGE),
-    "gemma-3-12b": Published("12.2", HF_PAGE + "; the checkpoint with its vision tower"),
-    "phi-4": Published("14.7", "fitmygpu.com/models/phi-4-14b (\"Total params 14.7B\"); its card says 14B"),
+                               30_532_122_624, "keras-hub qwen3_moe_presets.py, qwen3_moe_30b_a3b_en"),
+    "gemma-2-9b": Published("9.24", HF_PAGE, 9_241_705_984, "keras-hub gemma_presets.py, gemma2_instruct_9b_en"),
+    "gemma-3-12b": Published("12.2", HF_PAGE + "; the checkpoint with its vision tower", 12_187_325_040,
+                             "the Hugging Face API's safetensors total, " + QUOTED.format("google/gemma-3-12b-it")),
+    "phi-4": Published("14.7", "fitmygpu.com/models/phi-4-14b (\"Total params 14.7B\"); its card says 14B",
+                       14_659_507_200,
+                       "ollama's general.parameter_count of its GGUF, " + QUOTED.format("microsoft/phi-4")),
 }
 QWEN3_30B_ACTIVE = Published("3.3", PUBLISHED["qwen3-30b-a3b"].source, truncated=True)
+# gemma-3-12b-it's text model alone: llama.cpp's n_params of its GGUF (the text model; the vision tower is
+# a separate mmproj file), as a public llama-swap configuration quotes it.
+GEMMA3_TEXT = 11_766_034_176
 # gemma-3-12b-it's vision_config (the copy of its config.json in ostris/ai-toolkit
 # extensions_built_in/diffusion_models/ltx2/ltx2.py): the SigLIP tower and projector around the text model.
 GEMMA3_VISION = dict(model_type="siglip_vision_model", hidden_size=1152, intermediate_size=4304, num_hidden_layers=27,
@@ -116,16 +131,14 @@ def test_every_option_has_a_published_size():
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
 def test_each_option_has_its_published_size(name):
     """The checkpoint's parameters (its model built on the meta device) within the published figure's
-    rounding, exactly its index file's count where one was found; the text model's are lorabench's
-    Architecture count."""
+    rounding and equal to the published exact count; the text model's are lorabench's Architecture count."""
     m = model_cfg(name)
     pub, (count, text) = PUBLISHED[name], checkpoint_params(m)
     low, high = pub.bounds()
     assert low <= count < high, f"{name}: {count:,} parameters, published {pub.figure}B ({pub.source})"
-    if pub.total_size is not None:
-        assert 2 * count == pub.total_size
+    assert count == pub.exact, f"{name}: {count:,} parameters, published {pub.exact:,} ({pub.exact_source})"
     # The text model's (all of it but gemma-3-12b-it's 0.42B vision tower and projector) is Architecture's.
-    assert text == architecture_of(m).total_params()
+    assert text == architecture_of(m).total_params() == (GEMMA3_TEXT if name == "gemma-3-12b" else count)
 
 
 def test_moe_counts_only_the_active_experts():
