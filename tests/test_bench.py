@@ -5,7 +5,7 @@ import json
 import math
 
 import pytest
-from conftest import compose_cfg, read_result, requires_cuda, run_cli
+from conftest import compose_cfg, read_result, requires_cuda, run_cli, spy
 from pathlib import Path
 
 
@@ -76,6 +76,37 @@ def test_inference_suite(tmp_path):
         full_s = b * 6 / m[f"infer/b{b}_tokens_per_s"]
         assert full_s > m[f"infer/b{b}_ttft_s"]
         assert m[f"infer/b{b}_per_token_ms"] == pytest.approx(1e3 * (full_s - m[f"infer/b{b}_ttft_s"]) / 5)
+
+
+def test_inference_and_gemms_are_the_checkpoints(tmp_path, monkeypatch):
+    """model.path: the inference prompts are drawn below the checkpoint's vocabulary (512, not the
+    model group's 32,768, whose ids would index past its embedding), the position limit checked is its
+    config.json's, and the hardware suite's step GEMMs are its shapes."""
+    import torch
+    from omegaconf import OmegaConf
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from lorabench import bench
+    from lorabench.checks import bench_problems
+    from lorabench.models import Architecture
+
+    cfg = AutoConfig.for_model("qwen2", hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                               vocab_size=512)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / "ckpt")
+    drawn = spy(monkeypatch, torch, "randint")
+    r = run_bench(["suite=inference", f"model.path={tmp_path / 'ckpt'}", "inference.batches=[2]",
+                   "inference.prompt_len=8", "inference.new_tokens=4", "inference.repeats=1"], tmp_path / "run")
+    assert r.status.value == "ok", r.error
+    prompts = [ids for ids in drawn if ids.shape == (2, 8)]
+    assert prompts and max(int(ids.max()) for ids in prompts) < 512  # (every id of a vocabulary this small)
+    over = OmegaConf.to_object(compose_cfg(["suite=inference", f"model.path={tmp_path / 'ckpt'}",
+                                            "inference.prompt_len=60", "inference.new_tokens=8"], config_name="bench"))
+    [problem] = bench_problems(over)  # the model group's 4096 positions would let 68 through
+    assert f"= 68 exceeds {tmp_path / 'ckpt'}'s max_position_embeddings=64" in str(problem)
+    shapes = bench.layer_gemms(over.model)
+    assert shapes == Architecture.from_hf_config(cfg).gemm_shapes() and shapes[-1] == (64, 512, 1)  # the head
 
 
 def write(tmp_path, name, samples_per_s, mem, temp):

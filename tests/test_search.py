@@ -260,3 +260,20 @@ def test_a_layouts_own_cells_set_its_memory_per_sample_when_the_estimate_splits_
 
     search(space, replay)
     assert ("ckpt 1 offload 0", 4) in measured
+
+
+@pytest.mark.parametrize("name", ["qwen2.5-7b", "phi-4", "qwen3-30b-a3b"])
+def test_memory_estimate_holds_every_weight_of_the_model(name):
+    """The search's fixed memory holds the model's weights, 2 bytes each in bf16, read from its
+    Architecture: Qwen2.5's and Phi-4's head_dim is hidden / heads (head_dim: null in their options), all
+    128 of Qwen3-30B-A3B's experts are held. Above them: LoRA's weights and states (0.1-0.2 GiB at r 16
+    on q/k/v/o) and 0.5 GiB of slack."""
+    from omegaconf import OmegaConf
+
+    from conftest import compose_cfg
+    from lorabench.models import architecture_of
+    from lorabench.search import fixed_gib
+
+    c = OmegaConf.to_object(compose_cfg([f"model={name}", "precision=bf16"]))
+    weights = 2 * architecture_of(c.model).total_params() / 2**30
+    assert weights < fixed_gib(c) < weights + 1

@@ -31,9 +31,11 @@ from omegaconf import DictConfig, OmegaConf
 from lorabench import cell, modeling
 from lorabench.checks import bench_problems, check_model_path, check_precision
 from lorabench.config import BenchConfig, HardwareConfig, ModelConfig, Suite
+from lorabench.data import plain_token_low
 from lorabench.devices import setup_device, sync
 from lorabench.loggers import MetricLogger
 from lorabench.meter import NvmlSampler
+from lorabench.models import Architecture
 from lorabench.report import write_projection, write_report
 from lorabench.results import EXIT_CODES, CellResult, RunContext, Status, load_cells
 
@@ -250,6 +252,8 @@ def inference(c: BenchConfig, ctx: RunContext, result: CellResult, logger: Metri
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)  # generation's peak, not the load's transient copies
     result.model = {"name": c.model.name, "weights": weights}
+    # Prompt ids below the vocabulary of the model loaded (model.path: the checkpoint's, not the model group's).
+    vocab = Architecture.from_hf_config(model.config).vocab
     inf = c.inference
     timer = Timer(device, warmup=1, repeats=inf.repeats)
     out = {}
@@ -262,7 +266,7 @@ def inference(c: BenchConfig, ctx: RunContext, result: CellResult, logger: Metri
     for batch in inf.batches:
         progress(f"generate at batch {batch}")
         def prompt(batch=batch):  # fresh random prompt tokens for every call
-            return (torch.randint(1000, c.model.vocab_size, (batch, inf.prompt_len), device=device),)
+            return (torch.randint(plain_token_low(vocab), vocab, (batch, inf.prompt_len), device=device),)
 
         with torch.inference_mode():
             first = timer(generate, setup=prompt, n=1)  # prefill + the first token

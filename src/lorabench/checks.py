@@ -139,7 +139,6 @@ def check_backend(c: Config) -> None:
 
 
 BENCH_DTYPES = ("bf16", "fp16", "tf32", "fp32")  # lorabench.bench.DTYPES' keys
-PROMPT_TOKEN_FLOOR = 1000  # bench.inference draws prompt tokens from [1000, vocab): past the control tokens
 
 
 def bench_problems(c: BenchConfig) -> list[Exception]:
@@ -162,22 +161,22 @@ def bench_problems(c: BenchConfig) -> list[Exception]:
     need(h.warmup_ms >= 0, f"hardware.warmup_ms must be >= 0, got {h.warmup_ms}")
     for key in ("prompt_len", "new_tokens", "repeats"):
         need(getattr(inf, key) > 0, f"inference.{key} must be > 0, got {getattr(inf, key)}")
-    if c.suite is Suite.inference:
-        need(inf.prompt_len + inf.new_tokens <= c.model.max_position_embeddings,
-             f"inference.prompt_len + inference.new_tokens = {inf.prompt_len + inf.new_tokens} exceeds "
-             f"model.max_position_embeddings={c.model.max_position_embeddings}")
-        need(c.model.vocab_size > PROMPT_TOKEN_FLOOR, f"model.vocab_size={c.model.vocab_size}: the inference suite "
-                                                      f"draws prompt tokens from [{PROMPT_TOKEN_FLOOR}, vocab_size)")
     for kind, tolerances in (("relative", con.relative), ("absolute", con.absolute)):
         for key, tol in tolerances.items():
             need(math.isfinite(tol) and tol >= 0, f"consistency.{kind}.{key} must be a finite number >= 0, "
                                                   f"got {tol!r}")
     need(0 <= c.seed < 2**32, f"seed must be in [0, 2**32 - 1], got {c.seed}")
-    if c.suite in (Suite.loading, Suite.inference):
-        try:
+    if c.suite in (Suite.loading, Suite.inference) or (c.suite is Suite.hardware and c.model.path):
+        try:  # (the hardware suite's step GEMMs are model.path's shapes)
             check_model_path(c.model)
         except (ValueError, FileNotFoundError) as e:
             found.append(e)
+        else:
+            if c.suite is Suite.inference:  # the positions of the model loaded: model.path's config.json
+                positions, tokens = architecture_of(c.model).max_positions, inf.prompt_len + inf.new_tokens
+                key = f"{c.model.path}'s max_position_embeddings" if c.model.path else "model.max_position_embeddings"
+                need(tokens <= positions, f"inference.prompt_len + inference.new_tokens = {tokens} exceeds "
+                                          f"{key}={positions}")
     return found
 
 

@@ -44,6 +44,12 @@ ROLES = {"system": "system", "user": "user", "human": "user", "assistant": "assi
 SHAREGPT_EXTRA_ROLES = {"chatgpt": "assistant", "bing": "assistant", "bard": "assistant"}
 
 
+def plain_token_low(vocab: int) -> int:
+    """The lowest id random tokens are drawn from: above the control tokens where the vocabulary has
+    room (over 2 x 1000 ids), else 0 (a test checkpoint's vocabulary of a few hundred)."""
+    return FIRST_PLAIN_TOKEN if vocab > 2 * FIRST_PLAIN_TOKEN else 0
+
+
 class DataError(ValueError):
     """Bad training data; the message names the file and line (or record) and what is wrong."""
 
@@ -376,9 +382,7 @@ class SyntheticTokens(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> dict:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + i)
-        # Above the control tokens where the vocabulary has room (a test checkpoint's tiny one may not).
-        low = FIRST_PLAIN_TOKEN if self.vocab_size > 2 * FIRST_PLAIN_TOKEN else 0
-        ids = torch.randint(low, self.vocab_size, (self.seq_len,), generator=g).tolist()
+        ids = torch.randint(plain_token_low(self.vocab_size), self.vocab_size, (self.seq_len,), generator=g).tolist()
         return {"input_ids": ids, "labels": list(ids)}
 
 

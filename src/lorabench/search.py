@@ -400,7 +400,6 @@ def token_bytes(c) -> tuple[float, float, float]:
     token, fast 0.55 MB, Unsloth offloaded 0.24 MB) this gives 1.20, 0.44 and 0.31 MB; the search refits
     it on its own cells."""
     from lorabench.config import Backend, Precision
-
     from lorabench.models import architecture_of
 
     a, b = architecture_of(c.model), c.backend  # the checkpoint's shape with model.path
@@ -418,7 +417,6 @@ def fixed_gib(c) -> float:
     scale per 64 weights under double quantisation), embeddings and head (fp32 under QLoRA's upcast),
     LoRA's weights, gradients and AdamW states (4 + 4 + 8 bytes), and 0.5 GiB of allocator slack."""
     from lorabench.config import QUANTISED, Precision
-
     from lorabench.models import architecture_of
 
     a, p = architecture_of(c.model), c.precision.name  # the checkpoint's shape with model.path
