@@ -4,7 +4,9 @@ other tools read, the check against measured cells, and the sweep report's secti
 
 import csv
 import dataclasses
+import importlib.util
 import json
+import re
 import shutil
 
 import pytest
@@ -168,7 +170,7 @@ def test_every_projected_figure_is_an_ordered_range():
 
 def test_the_memory_margin_is_per_card():
     """CUDA context 0.24 GiB + local memory (SMs x threads per SM x 1 KiB) + 0.5 GiB for the allocator:
-    an A10 0.84 GiB, an H100 1.0, so a cell 0.9 GiB below an A10's 22 GiB fits it."""
+    an A10 0.85 GiB, an H100 1.0, so a cell 0.9 GiB below an A10's 22 GiB fits it."""
     a10, h100 = pj.gpu_option("a10"), pj.gpu_option("h100")
     assert pj.margin_gib(a10) == pytest.approx(0.5 - 132 * 2048 / 2**20 + 72 * 1536 / 2**20 + 0.5)
     assert pj.margin_gib(h100) == pytest.approx(1.0)
@@ -188,7 +190,7 @@ def test_without_published_rates_the_physical_model_gives_the_range():
     a10 = dataclasses.replace(pj.gpu_option("a10"), published_gemm=None, published_copy=None)
     share = 794.5 / 989
     clock = (150 / 72 / (700 / 132)) ** (1 / 3)
-    assert pj.clock_model(a10, h100, share) == pytest.approx((125 * share * 885 / 1695, 125 * share * clock, 125 * share))
+    assert pj.clock_model(a10, h100, share) == pytest.approx((125 * share * 885 / 1695, 125 * share * clock, 125 * 0.869))
     low, mid, high = a10.matmul_range(4096, h100)
     assert low < mid < high and mid == pytest.approx(125 * share * clock * 694.7233 / 794.5, rel=1e-6)
     assert a10.copy_range(h100)[0] == pytest.approx((0.78 * 600, 0.86 * 600, 0.895 * 600))
@@ -201,3 +203,50 @@ def test_a_rate_range_out_of_order_is_refused_by_name():
     from lorabench.config import GpuConfig
     with pytest.raises(ValueError, match=r"^gpu.achieved_gemm_tflops=\[60.0, 50.0, 70.0\]: expected \[low, expected, high\]"):
         GpuConfig(name="x", achieved_gemm_tflops=[60.0, 50.0, 70.0])
+
+
+def validation_script():
+    spec = importlib.util.spec_from_file_location("projection_validation", REPO / "docs/runs/scripts/projection_validation.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_seed_a10_cells_validate_the_projection_and_the_docs_say_so():
+    """The seed study's six A10 cells (docs/runs/seed_a10) predicted from the H100 and the H200 diagnostics
+    (committed run dirs): the issue's thresholds are median <= 10%, worst <= 20%. From the H200 both hold;
+    from the H100 the worst holds and the median does not (11.2%): there the test pins the figure that
+    conf/gpu/a10.yaml prints beside every A10 projection and docs/projection.md states."""
+    gpus = [pj.gpu_option(n) for n in pj.projectable()]
+    seed = pj.measured_points(REPO / "docs/runs/seed_a10/diagnostic.csv", gpus)
+    assert len(seed) == 6
+    found = {}
+    for src in (H100, H200):
+        results = load_results(src / "diagnostic")[0]
+        rows, _ = pj.project(results, [pj.gpu_option("a10")], 1)
+        checks = pj.validate(rows, seed, results)
+        assert len(checks) == 6 and all(c["predicted_low"] <= c["predicted"] <= c["predicted_high"] for c in checks)
+        (med, worst, n), = pj.errors(checks).values()
+        found[src.name[11:15]] = (med, worst)
+    assert found["h200"][0] <= 0.10 and found["h200"][1] <= 0.20
+    assert found["h100"][1] <= 0.20
+    med, worst = found["h100"]
+    assert med > 0.10  # not met: the figure the docs and the A10 option state
+    assert [round(100 * med, 1), round(100 * worst, 1)] == list(pj.gpu_option("a10").validated_error_pct)
+    doc = (REPO / "docs/projection.md").read_text()
+    assert f"h100 -> a10: median |error| {100 * med:.1f}%, largest {100 * worst:.1f}% over 6 cells" in doc
+
+
+def test_the_docs_validation_tables_are_what_the_code_writes():
+    """docs/projection.md's validation block is the script's output (no hand-typed figure), and every
+    validated_error_pct in conf/gpu is its median and largest error for that target."""
+    mod = validation_script()
+    doc = (REPO / "docs/projection.md").read_text()
+    assert mod.block() in doc
+    for line in mod.block().splitlines():
+        if line.startswith("- ") and "median |error|" in line:
+            src, tgt = line[2:].split(":")[0].split(" -> ")
+            med, worst = (float(x) for x in re.findall(r"([\d.]+)%", line))
+            stated = pj.gpu_option(tgt).validated_error_pct
+            if (src, tgt) != ("h200", "a10"):  # the A10 states the H100's validation, the issue's reference
+                assert list(stated) == [med, worst]

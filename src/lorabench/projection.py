@@ -67,6 +67,9 @@ MARGIN_GIB = 1.0
 # docs/projection_sources.md); HBM: the source GPU's measured share (low: 0.9 of it).
 MEMORY_SHARE = {"GDDR6": (0.78, 0.86, 0.895)}
 HBM_LOW = 0.9
+# The largest share of its datasheet bf16 rate any NVIDIA card reaches in stas00/ml-engineering's MAMF
+# table (A100 SXM, 271.2 / 312): the clock model's high end where it is above the source's share.
+BEST_SHARE = 0.869
 STEP_KEYS = ("time/window_s", "count/timed_steps", "count/tokens_nonpad", "count/samples")  # a measured step
 NEEDED = ("memory_gib", "peak_bf16_tflops", "memory_bandwidth_gbs")
 COLUMNS = ("cell", "source", "target", "measured", "step_time_s", "tokens_per_s", "tokens_per_s_low",
@@ -177,16 +180,16 @@ def clock_model(g: Gpu, like: Gpu, share: float) -> Range:
     against the measured GPU's. Dynamic power ~ f x V^2 with V rising with f, so ~ f^3: the sustained
     clock share goes as the cube root of the watts per SM (A10 150 / 72 = 2.1 against an H100's
     700 / 132 = 5.3: (2.1 / 5.3)^(1/3) = 0.73), at most 1. Low: held at the base clock; high: no
-    extra limit (the measured GPU's share alone)."""
+    extra limit at the best share any card reaches (BEST_SHARE, or the measured GPU's if higher)."""
     clock = min(1.0, (g.power_w / g.sms / (like.power_w / like.sms)) ** (1 / 3))
-    high = g.peak_tflops * share
-    return min(high * g.base_mhz / g.boost_mhz, high * clock), high * clock, high
+    mid = g.peak_tflops * share * clock
+    return min(g.peak_tflops * share * g.base_mhz / g.boost_mhz, mid), mid, g.peak_tflops * max(share, BEST_SHARE)
 
 
 def margin_gib(g: Gpu) -> float:
     """Memory a cell needs on this GPU beyond its measured peak reserved (GiB): CUDA context and
     allocator allowance (CONTEXT_BASE_GIB, STACK_KIB, ALLOCATOR_GIB): A10 0.24 + 72 x 1536 x 1 KiB
-    (0.11) + 0.5 = 0.84; H100 0.24 + 0.26 + 0.5 = 1.0."""
+    (0.11) + 0.5 = 0.85; H100 0.24 + 0.26 + 0.5 = 1.0."""
     if not (g.sms and g.threads_per_sm):
         return MARGIN_GIB
     return CONTEXT_BASE_GIB + g.sms * g.threads_per_sm * STACK_KIB / 2**20 + ALLOCATOR_GIB
@@ -421,9 +424,12 @@ def short_error(rows: list[Row], target: str) -> str:
 
 
 def money_range(r: Row) -> str:
-    """$/1M tokens on demand: measured (*), or projected expected with the fast-slow range."""
+    """$/1M tokens on demand: measured (*), or projected expected with the fast-slow range (none where
+    the target's rates are its own measurement)."""
     if r.measured:
         return money(r.usd_per_1m_tokens) + "*"
+    if r.usd_per_1m_tokens_low == r.usd_per_1m_tokens_high:
+        return money(r.usd_per_1m_tokens)
     return f"{money(r.usd_per_1m_tokens)} ({money(r.usd_per_1m_tokens_low)}-{money(r.usd_per_1m_tokens_high)})"
 
 
@@ -505,7 +511,7 @@ def validate(rows: list[Row], points: list[dict], results: list[CellResult]) -> 
         naive = measured_here[p["cell"]][f"perf/{unit}"] * peak[p["target"]] / peak[r.source]
         out.append({"cell": p["cell"], "source": r.source, "target": p["target"], "unit": unit,
                     "measured": p[unit], "predicted": predicted, "predicted_low": low, "predicted_high": high,
-                    "error": predicted / p[unit] - 1, "in_range": low <= p[unit] <= high,
+                    "error": predicted / p[unit] - 1, "in_range": None if low == high else low <= p[unit] <= high,
                     "peak_ratio_predicted": naive, "peak_ratio_error": naive / p[unit] - 1,
                     "measured_in": p["source"]})
     return out
@@ -527,7 +533,7 @@ def validation_table(checks: list[dict]) -> str:
     rows = [[c["cell"], f"{c['source']} -> {c['target']}", c["unit"].replace("_per_s", "/s"), fmt(c["measured"]),
              fmt(c["predicted"]) + ("" if c["predicted_low"] == c["predicted_high"]
                                     else f" ({fmt(c['predicted_low'])}-{fmt(c['predicted_high'])})"),
-             f"{100 * c['error']:+.1f}%", "yes" if c["in_range"] else "no",
+             f"{100 * c['error']:+.1f}%", {True: "yes", False: "no", None: "-"}[c["in_range"]],
              f"{100 * c['peak_ratio_error']:+.1f}%"] for c in checks]
     lines = [md_table(["cell", "projection", "unit", "measured", "predicted (range)", "error", "in range",
                        "peak-ratio error"], rows), ""]
@@ -540,3 +546,38 @@ def median(xs: list[float]) -> float:
     xs = sorted(xs)
     n = len(xs)
     return (xs[n // 2] + xs[(n - 1) // 2]) / 2
+
+
+def validation_markdown(runs: list[tuple[Path, list[Path]]]) -> str:
+    """docs/projection.md's validation section: for each (measured run dir, [run dirs or CSVs measured on
+    other GPUs]) the projection onto every GPU measured there, checked against those measurements; then
+    the errors per (source, target) over all parts; then the clock model against the published rates."""
+    gpus = [gpu_option(n) for n in projectable()]
+    out, every = [], []
+    for path, measured in runs:
+        results = load_cells(path)
+        points = [p for m in measured for p in measured_points(m, gpus)]
+        rows, _ = project(results, [gpu_option(n) for n in sorted({p["target"] for p in points})], 1)
+        checks = validate(rows, points, results)
+        every += checks
+        out += [f"From `{path.relative_to(REPO)}`:", "", validation_table(checks), ""]
+    lines = [f"{src} -> {tgt}: median |error| {100 * med:.1f}%, largest {100 * worst:.1f}% over {n} cells"
+             for (src, tgt), (med, worst, n) in errors(every).items()]
+    return "\n".join(out + ["All parts together:", "", *[f"- {x}" for x in lines], "", clock_model_check(gpus)])
+
+
+def clock_model_check(gpus: list[Gpu]) -> str:
+    """The physical model's best-shape rate for each GPU with published rates, had none been published
+    (from the H100's published share of its datasheet), against the published expected figure."""
+    h100 = gpu_option("h100")
+    share = h100.best_gemm() / h100.peak_tflops
+    rows = []
+    for g in gpus:
+        if not g.published_gemm or g.gemm:
+            continue
+        low, mid, high = clock_model(g, h100, share)
+        rows.append([g.name, f"{g.power_w / g.sms:.1f}", f"{low:.0f} / {mid:.0f} / {high:.0f}",
+                     f"{g.published_gemm[1]:.1f}", f"{100 * (mid / g.published_gemm[1] - 1):+.0f}%",
+                     "yes" if low <= g.published_gemm[1] <= high else "no"])
+    return md_table(["GPU", "W per SM", "clock model low / expected / high TFLOP/s", "published (expected)",
+                     "model error", "published within the model's range"], rows)
