@@ -190,7 +190,8 @@ def test_without_published_rates_the_physical_model_gives_the_range():
     a10 = dataclasses.replace(pj.gpu_option("a10"), published_gemm=None, published_copy=None)
     share = 794.5 / 989
     clock = (150 / 72 / (700 / 132)) ** (1 / 3)
-    assert pj.clock_model(a10, h100, share) == pytest.approx((125 * share * 885 / 1695, 125 * share * clock, 125 * 0.869))
+    assert pj.clock_model(a10, h100, share) == pytest.approx(
+        (125 * share * 885 / 1695, 125 * share * clock, 125 * 0.869))
     low, mid, high = a10.matmul_range(4096, h100)
     assert low < mid < high and mid == pytest.approx(125 * share * clock * 694.7233 / 794.5, rel=1e-6)
     assert a10.copy_range(h100)[0] == pytest.approx((0.78 * 600, 0.86 * 600, 0.895 * 600))
@@ -201,12 +202,14 @@ def test_without_published_rates_the_physical_model_gives_the_range():
 
 def test_a_rate_range_out_of_order_is_refused_by_name():
     from lorabench.config import GpuConfig
-    with pytest.raises(ValueError, match=r"^gpu.achieved_gemm_tflops=\[60.0, 50.0, 70.0\]: expected \[low, expected, high\]"):
+    bad = r"^gpu.achieved_gemm_tflops=\[60.0, 50.0, 70.0\]: expected \[low, expected, high\]"
+    with pytest.raises(ValueError, match=bad):
         GpuConfig(name="x", achieved_gemm_tflops=[60.0, 50.0, 70.0])
 
 
 def validation_script():
-    spec = importlib.util.spec_from_file_location("projection_validation", REPO / "docs/runs/scripts/projection_validation.py")
+    path = REPO / "docs/runs/scripts/projection_validation.py"
+    spec = importlib.util.spec_from_file_location("projection_validation", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

@@ -357,7 +357,8 @@ def gpu_projection(rows, out_dir: Path, dataset_samples: int) -> Path:
         axis.set_major_formatter(FuncFormatter(fmt))
         axis.set_minor_formatter(NullFormatter())
     ax.tick_params(which="both", labelsize=7)
-    xlabel(ax, f"hours for {dataset_samples:,} samples (filled: measured on that GPU; hollow: projected, bars its range)")
+    xlabel(ax, f"hours for {dataset_samples:,} samples (filled: measured on that GPU; hollow: projected, "
+               "bars its range)")
     ax.set_ylabel("USD per 1M non-pad tokens (on demand)")
     ax.legend(fontsize=7, loc="best")
     return _save(fig, out_dir, "gpu_projection", "Cost against time on each GPU (projected; lorabench.projection)", [])

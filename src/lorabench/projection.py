@@ -456,7 +456,8 @@ def summary(rows: list[Row], notes: list[str], dataset_samples: int) -> str:
     if not rows:
         return "\n".join(notes)
     best, spot = cheapest(rows), cheapest(rows, spot=True)
-    rng = lambda r: "" if r.measured else f" ({r.hours_low:.2f}-{r.hours_high:.2f} h; {r.expected_error})"  # noqa: E731
+    rng = lambda r: "" if r.measured else (  # noqa: E731
+        f" ({r.hours_low:.2f}-{r.hours_high:.2f} h; {r.expected_error})")
     lines = [matrix_table(rows), "",
              "USD per 1M non-pad tokens: * measured on that GPU; every other figure projected, expected "
              "(range from the slowest to the fastest rates of the target's sources), its validated error in "

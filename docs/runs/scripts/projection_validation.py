@@ -13,9 +13,11 @@ from lorabench.projection import REPO, validation_markdown
 
 R = REPO / "docs/runs"
 RUNS = [
-    (R / "2026-11-24_h100_projection/diagnostic", [R / "2026-11-24_h200_projection/diagnostic", R / "seed_a10/diagnostic.csv"]),
+    (R / "2026-11-24_h100_projection/diagnostic",
+     [R / "2026-11-24_h200_projection/diagnostic", R / "seed_a10/diagnostic.csv"]),
     (R / "2026-11-24_h100_projection/fast", [R / "2026-11-24_h200_projection/fast"]),
-    (R / "2026-11-24_h200_projection/diagnostic", [R / "2026-11-24_h100_projection/diagnostic", R / "seed_a10/diagnostic.csv"]),
+    (R / "2026-11-24_h200_projection/diagnostic",
+     [R / "2026-11-24_h100_projection/diagnostic", R / "seed_a10/diagnostic.csv"]),
     (R / "2026-11-24_h200_projection/fast", [R / "2026-11-24_h100_projection/fast"]),
 ]
 DOC = REPO / "docs/projection.md"
