@@ -3,7 +3,10 @@ the arithmetic of the model by hand, memory fit, refusal of a GPU option without
 other tools read, the check against measured cells, and the sweep report's section."""
 
 import csv
+import dataclasses
+import importlib.util
 import json
+import re
 import shutil
 
 import pytest
@@ -52,18 +55,25 @@ def test_projection_reproduces_the_model_by_hand():
             + host * b["hw/launch_us"] / a["hw/launch_us"])
     assert not by["h200"].measured and by["h200"].step_time_s == pytest.approx(h200)
     assert by["h200"].tokens_per_s == pytest.approx(4096 / h200)
-    # A10: 125 TFLOP/s and 600 GB/s (datasheet) at the fractions of their datasheet the H100 reached
-    a10_rate = 125 * a["hw/gemm_t4096_tflops"] / 989
-    a10_gbs = 600 * a["hw/elementwise_gbs"] / 3350
-    a10 = compute * a["hw/gemm_t4096_tflops"] / a10_rate + memory * a["hw/elementwise_gbs"] / a10_gbs + data + host
-    assert by["a10"].step_time_s == pytest.approx(a10)
-    assert by["a10"].samples_per_s == pytest.approx(4 / a10)
+    # A10: the published best-shape bf16 rate (59.5 TFLOP/s expected, 54-63) put on the H100's measured
+    # scale (its rate at 4,096 rows over its published 794.5), and the published copy (515 GB/s, 469-537)
+    # times the H100's elementwise / copy; host as measured (no A10 launch floor)
+    shape = a["hw/gemm_t4096_tflops"] / 794.5
+    to_elementwise = a["hw/elementwise_gbs"] / a["hw/device_copy_gbs"]
+    a10 = {k: compute * a["hw/gemm_t4096_tflops"] / (rate * shape)
+           + memory * a["hw/elementwise_gbs"] / (copy * to_elementwise) + data + host
+           for k, rate, copy in (("slow", 54.0, 469), ("expected", 59.5, 515), ("fast", 63.0, 537))}
+    assert by["a10"].step_time_s == pytest.approx(a10["expected"])
+    assert by["a10"].samples_per_s == pytest.approx(4 / a10["expected"])
+    assert by["a10"].tokens_per_s_low == pytest.approx(4096 / a10["slow"])
+    assert by["a10"].tokens_per_s_high == pytest.approx(4096 / a10["fast"])
     # money: $0.60/h on demand, $0.18 spot (conf/gpu/a10.yaml); hours for 10,000 samples
+    a10 = a10["expected"]
     assert by["a10"].usd_per_1m_tokens == pytest.approx(0.60 / 3600 * a10 / 4096 * 1e6)
     assert by["a10"].usd_per_1m_tokens_spot == pytest.approx(0.18 / 3600 * a10 / 4096 * 1e6)
     assert by["a10"].hours == pytest.approx(10_000 / (4 / a10) / 3600)
     assert by["a10"].usd == pytest.approx(by["a10"].hours * 0.60)
-    assert "projected from h100" in by["a10"].basis and "datasheet" in by["a10"].basis
+    assert "projected from h100" in by["a10"].basis and "published GEMM rates" in by["a10"].basis
 
 
 def test_interpolation_between_measured_gemm_shapes():
@@ -78,7 +88,7 @@ def test_a_cell_that_does_not_fit_a_smaller_gpu_is_marked():
     peak = r.metrics["mem/peak_reserved_gib"]
     rows, _ = pj.project([r], [pj.gpu_option(n) for n in pj.projectable()], 10_000)
     fits = {x.target: x.fits for x in rows}
-    assert fits == {n: peak + pj.MARGIN_GIB <= pj.gpu_option(n).memory_gib for n in fits}
+    assert fits == {n: peak + pj.margin_gib(pj.gpu_option(n)) <= pj.gpu_option(n).memory_gib for n in fits}
     assert not fits["a10"] and not fits["l4"] and not fits["l40s"] and not fits["a100_40"]
     assert fits["a100_80"] and fits["h100"] and fits["h200"]
     assert pj.cheapest([x for x in rows]).fits
@@ -137,3 +147,109 @@ def test_every_gpu_sweep_report_projects_its_cells(tmp_path):
     assert (tmp_path / "d/projection.csv").exists() and (tmp_path / "d/plots/gpu_projection.png").exists()
     assert "gpu_projection" in (tmp_path / "d/report.html").read_text()
     assert "Projected onto other GPUs" not in write_report(tmp_path / "d", ReportConfig(project=False)).markdown
+
+
+def test_every_projected_figure_is_an_ordered_range():
+    """low <= expected <= high for tokens/s, samples/s, $/1M tokens and hours, on every target; a
+    measured target's range is its one measurement."""
+    rs = load_results(H100 / "diagnostic")[0] + load_results(H100 / "fast")[0]
+    rows, _ = pj.project(rs, [pj.gpu_option(n) for n in pj.projectable()], 10_000)
+    assert len(rows) == 8 * len(pj.projectable())
+    for r in rows:
+        assert r.tokens_per_s_low <= r.tokens_per_s <= r.tokens_per_s_high
+        assert r.samples_per_s_low <= r.samples_per_s <= r.samples_per_s_high
+        assert r.usd_per_1m_tokens_low <= r.usd_per_1m_tokens <= r.usd_per_1m_tokens_high
+        assert r.hours_low <= r.hours <= r.hours_high
+        if r.target in ("h100", "h200"):
+            assert r.tokens_per_s_low == r.tokens_per_s_high  # measured figures, no range
+        else:  # a published or modelled rate: a range of its own, with its expected error beside it
+            assert r.tokens_per_s_low < r.tokens_per_s_high and r.expected_error
+    md = pj.summary(rows, [], 10_000)
+    assert "(" in md.splitlines()[2] and "Fits: measured peak reserved plus a margin per GPU" in md
+
+
+def test_the_memory_margin_is_per_card():
+    """CUDA context 0.24 GiB + local memory (SMs x threads per SM x 1 KiB) + 0.5 GiB for the allocator:
+    an A10 0.85 GiB, an H100 1.0, so a cell 0.9 GiB below an A10's 22 GiB fits it."""
+    a10, h100 = pj.gpu_option("a10"), pj.gpu_option("h100")
+    assert pj.margin_gib(a10) == pytest.approx(0.5 - 132 * 2048 / 2**20 + 72 * 1536 / 2**20 + 0.5)
+    assert pj.margin_gib(h100) == pytest.approx(1.0)
+    r = read_result(H100 / "diagnostic/0/metrics.json")
+    r.metrics["mem/peak_reserved_gib"] = a10.memory_gib - 0.9
+    by = {x.target: x for x in pj.project([r], [a10, pj.gpu_option("l4")], 10_000)[0]}
+    assert by["a10"].fits and by["a10"].margin_gib == pytest.approx(pj.margin_gib(a10))
+    assert r.metrics["mem/peak_reserved_gib"] + pj.MARGIN_GIB > a10.memory_gib  # the old 1 GiB would refuse it
+    r.metrics["mem/peak_reserved_gib"] = a10.memory_gib - 0.8
+    assert not pj.project([r], [a10], 10_000)[0][0].fits
+
+
+def test_without_published_rates_the_physical_model_gives_the_range():
+    """A GPU with no published GEMM or copy rate: its clock under the board's power limit (cube root of
+    watts per SM against the source's; low at the base clock, high at none) and its memory type's share."""
+    h100 = pj.gpu_option("h100")
+    a10 = dataclasses.replace(pj.gpu_option("a10"), published_gemm=None, published_copy=None)
+    share = 794.5 / 989
+    clock = (150 / 72 / (700 / 132)) ** (1 / 3)
+    assert pj.clock_model(a10, h100, share) == pytest.approx(
+        (125 * share * 885 / 1695, 125 * share * clock, 125 * 0.869))
+    low, mid, high = a10.matmul_range(4096, h100)
+    assert low < mid < high and mid == pytest.approx(125 * share * clock * 694.7233 / 794.5, rel=1e-6)
+    assert a10.copy_range(h100)[0] == pytest.approx((0.78 * 600, 0.86 * 600, 0.895 * 600))
+    hbm = dataclasses.replace(pj.gpu_option("a100_40"), published_copy=None)
+    s = h100.copy_gbs / 3350
+    assert hbm.copy_range(h100)[0] == pytest.approx((1555 * s * 0.9, 1555 * s, 1555 * s))
+
+
+def test_a_rate_range_out_of_order_is_refused_by_name():
+    from lorabench.config import GpuConfig
+    bad = r"^gpu.achieved_gemm_tflops=\[60.0, 50.0, 70.0\]: expected \[low, expected, high\]"
+    with pytest.raises(ValueError, match=bad):
+        GpuConfig(name="x", achieved_gemm_tflops=[60.0, 50.0, 70.0])
+
+
+def validation_script():
+    path = REPO / "docs/runs/scripts/projection_validation.py"
+    spec = importlib.util.spec_from_file_location("projection_validation", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_seed_a10_cells_validate_the_projection_and_the_docs_say_so():
+    """The seed study's six A10 cells (docs/runs/seed_a10) predicted from the H100 and the H200 diagnostics
+    (committed run dirs): the issue's thresholds are median <= 10%, worst <= 20%. From the H200 both hold;
+    from the H100 the worst holds and the median does not (11.2%): there the test pins the figure that
+    conf/gpu/a10.yaml prints beside every A10 projection and docs/projection.md states."""
+    gpus = [pj.gpu_option(n) for n in pj.projectable()]
+    seed = pj.measured_points(REPO / "docs/runs/seed_a10/diagnostic.csv", gpus)
+    assert len(seed) == 6
+    found = {}
+    for src in (H100, H200):
+        results = load_results(src / "diagnostic")[0]
+        rows, _ = pj.project(results, [pj.gpu_option("a10")], 1)
+        checks = pj.validate(rows, seed, results)
+        assert len(checks) == 6 and all(c["predicted_low"] <= c["predicted"] <= c["predicted_high"] for c in checks)
+        (med, worst, n), = pj.errors(checks).values()
+        found[src.name[11:15]] = (med, worst)
+    assert found["h200"][0] <= 0.10 and found["h200"][1] <= 0.20
+    assert found["h100"][1] <= 0.20
+    med, worst = found["h100"]
+    assert med > 0.10  # not met: the figure the docs and the A10 option state
+    assert [round(100 * med, 1), round(100 * worst, 1)] == list(pj.gpu_option("a10").validated_error_pct)
+    doc = (REPO / "docs/projection.md").read_text()
+    assert f"h100 -> a10: median |error| {100 * med:.1f}%, largest {100 * worst:.1f}% over 6 cells" in doc
+
+
+def test_the_docs_validation_tables_are_what_the_code_writes():
+    """docs/projection.md's validation block is the script's output (no hand-typed figure), and every
+    validated_error_pct in conf/gpu is its median and largest error for that target."""
+    mod = validation_script()
+    doc = (REPO / "docs/projection.md").read_text()
+    assert mod.block() in doc
+    for line in mod.block().splitlines():
+        if line.startswith("- ") and "median |error|" in line:
+            src, tgt = line[2:].split(":")[0].split(" -> ")
+            med, worst = (float(x) for x in re.findall(r"([\d.]+)%", line))
+            stated = pj.gpu_option(tgt).validated_error_pct
+            if (src, tgt) != ("h200", "a10"):  # the A10 states the H100's validation, the issue's reference
+                assert list(stated) == [med, worst]

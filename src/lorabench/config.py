@@ -246,11 +246,32 @@ class GpuConfig:
     # repository): its achieved matmul rates, bandwidth and launch floor, which lorabench.projection
     # uses in place of the datasheet figures above.
     measured: Optional[str] = None
+    # What lorabench.projection needs of a GPU not measured here (sources cited in its yaml and in
+    # docs/projection_sources.md): SMs and the most resident threads per SM (the CUDA context's local
+    # memory), boost and base clocks (MHz), board power limit (W), memory type (GDDR6, HBM3, ...), and
+    # rates others published as [low, expected, high]: the best-shape bf16 GEMM (TFLOP/s) and a device
+    # copy (GB/s, read + write). Without the rates, the projection's physical model stands in.
+    sms: Optional[int] = None
+    threads_per_sm: Optional[int] = None
+    boost_clock_mhz: Optional[float] = None
+    base_clock_mhz: Optional[float] = None
+    power_w: Optional[float] = None
+    memory_type: Optional[str] = None
+    achieved_gemm_tflops: Optional[List[float]] = None
+    achieved_copy_gbs: Optional[List[float]] = None
+    # [median, largest] |error| in % of the projection onto this GPU where it was checked against
+    # measurements (docs/projection.md, Validation); printed beside every projected figure.
+    validated_error_pct: Optional[List[float]] = None
 
     def __post_init__(self) -> None:
         for k in ("price_per_hour", "spot_price_per_hour", "memory_gib", "peak_bf16_tflops", "peak_tf32_tflops",
-                  "peak_fp32_tflops", "memory_bandwidth_gbs", "host_link_gbs"):
+                  "peak_fp32_tflops", "memory_bandwidth_gbs", "host_link_gbs", "sms", "threads_per_sm",
+                  "boost_clock_mhz", "base_clock_mhz", "power_w"):
             _non_negative(f"gpu.{k}", getattr(self, k))
+        for k in ("achieved_gemm_tflops", "achieved_copy_gbs"):
+            v = getattr(self, k)
+            if v is not None and (len(v) != 3 or not 0 < v[0] <= v[1] <= v[2]):
+                raise ValueError(f"gpu.{k}={list(v)}: expected [low, expected, high], 0 < low <= expected <= high")
 
 
 @dataclass

@@ -325,7 +325,8 @@ def make_plots(results: list[CellResult], axes_: list[str], cfg: ReportConfig, o
 
 def gpu_projection(rows, out_dir: Path, dataset_samples: int) -> Path:
     """USD per 1M non-pad tokens against hours for `dataset_samples` samples, one colour per GPU: every
-    cell that fits as a small point (filled where measured on that GPU, hollow where projected), each
+    cell that fits as a small point (filled where measured on that GPU, hollow where projected, with
+    its low-high range as bars), each
     GPU's cheapest cell large and named in the legend (names on the points would overlap where two
     GPUs come close, as an H100 and an H200 do). Log axes: an A10 and an H200 differ by 10x in both."""
     targets = list(dict.fromkeys(r.target for r in rows))
@@ -339,6 +340,12 @@ def gpu_projection(rows, out_dir: Path, dataset_samples: int) -> Path:
             pts = [r for r in mine if r.measured is measured]
             ax.scatter([r.hours for r in pts], [r.usd_per_1m_tokens for r in pts], s=14, alpha=0.6,
                        facecolors=colors(i) if measured else "none", edgecolors=colors(i))
+            if not measured and pts:  # a projected figure's range, slowest to fastest rates, both axes
+                ax.errorbar([r.hours for r in pts], [r.usd_per_1m_tokens for r in pts],
+                            xerr=[[r.hours - r.hours_low for r in pts], [r.hours_high - r.hours for r in pts]],
+                            yerr=[[r.usd_per_1m_tokens - r.usd_per_1m_tokens_low for r in pts],
+                                  [r.usd_per_1m_tokens_high - r.usd_per_1m_tokens for r in pts]],
+                            fmt="none", ecolor=colors(i), alpha=0.35, lw=0.7)
         best = min(mine, key=lambda r: r.usd_per_1m_tokens)
         n_out = sum(1 for r in rows if r.target == t and not r.fits)
         ax.scatter([best.hours], [best.usd_per_1m_tokens], s=70, color=colors(i),
@@ -350,7 +357,8 @@ def gpu_projection(rows, out_dir: Path, dataset_samples: int) -> Path:
         axis.set_major_formatter(FuncFormatter(fmt))
         axis.set_minor_formatter(NullFormatter())
     ax.tick_params(which="both", labelsize=7)
-    xlabel(ax, f"hours for {dataset_samples:,} samples (filled: measured on that GPU; hollow: projected)")
+    xlabel(ax, f"hours for {dataset_samples:,} samples (filled: measured on that GPU; hollow: projected, "
+               "bars its range)")
     ax.set_ylabel("USD per 1M non-pad tokens (on demand)")
     ax.legend(fontsize=7, loc="best")
     return _save(fig, out_dir, "gpu_projection", "Cost against time on each GPU (projected; lorabench.projection)", [])

@@ -14,15 +14,25 @@ The split comes from the cell's own profile (`train.profile_steps`: kernel times
 host part being the measured step minus the device's work), or, without a profile, from the cell's
 FLOP count (model FLOPs plus the recomputation of checkpointed layers) at the source's achieved
 rate, the rest of the step taken as memory-bound. The target's step is the sum of the scaled parts;
-tokens and samples per step are the source's. A GPU's achieved figures are its own `bench.py
-suite=hardware` run when conf/gpu names one (`measured:`), otherwise its datasheet figure times the
-fraction of the datasheet the measured source GPU reaches (at that GEMM shape). Memory: the cell
-fits a target when its measured peak reserved memory plus MARGIN_GIB is within the target's memory.
+tokens and samples per step are the source's.
 
-What the model leaves out: the power and clock limits that hold a small card below its datasheet
-rate (the fraction measured on the source is assumed), a different host CPU (unless measured), a
-different kernel choice per architecture (FlashAttention, cuBLAS heuristics), and memory that
-differs between GPUs. Every projected figure carries its basis; a measured one is never replaced.
+A GPU's achieved rates, in this order: its own `bench.py suite=hardware` run when conf/gpu names one
+(`measured:`, one figure); else the rates others published (conf/gpu `achieved_gemm_tflops`,
+`achieved_copy_gbs`: low / expected / high), put on the source's measured scale (the source's rate at
+the cell's GEMM shape over its own published best-shape rate; its elementwise over its copy rate);
+else a physical model: the sustained clock a board's power limit allows (power ~ f^3, so the clock
+share goes as the cube root of the watts per SM against the source's; low at the base clock, high at
+no extra limit) and the share of the datasheet bandwidth its memory type reaches (MEMORY_SHARE). Every
+projected figure is a range, slowest rates to fastest, with the target's validated error beside it
+(conf/gpu `validated_error_pct`). Memory: a cell fits a target when its measured peak reserved memory
+plus margin_gib(target) (CUDA context, which differs by card, and an allocator allowance) is within
+the target's memory.
+
+What the model leaves out: a different host CPU (unless measured), kernels that differ between
+architectures (FlashAttention versions, cuBLAS heuristics at one shape), a power limit that also
+slows memory-bound kernels, and how a whole run's figure (warmup, evaluation, saving) differs from
+a timed window. A measured figure is never replaced by a projection; docs/projection_sources.md
+cites every published rate.
 """
 
 from __future__ import annotations
@@ -41,15 +51,33 @@ from lorabench.analysis import md_table, money
 from lorabench.config import CONF_DIR
 from lorabench.results import REPO, RESULT_FILE, CellResult, atomic_write_text, load_cells, read_result
 
-# CUDA context and library workspaces live outside torch's pool (about 0.5 GiB on an H100:
-# nvidia-smi's used memory minus torch's reserved), and a different GPU's kernels and allocator
-# history fragment the pool differently: 0.5 GiB more.
+# Memory outside torch's pool, which the measured peak (torch's reserved) does not hold: the CUDA
+# context, about 0.5 GiB on an H100 (nvidia-smi's used minus torch's reserved), of which the local-memory
+# reservation scales with the card (1 KiB default stack x the most resident threads per SM x SMs:
+# 132 x 2048 x 1 KiB = 0.26 GiB on an H100), the rest (driver, lazily loaded kernels) about 0.24 GiB.
+# cuBLAS's workspace comes from torch's pool (inside the peak). A different GPU's kernels can
+# fragment the pool differently: ALLOCATOR_GIB more. An option without SMs keeps MARGIN_GIB.
+CONTEXT_BASE_GIB = 0.5 - 132 * 2048 / 2**20
+STACK_KIB = 1.0
+ALLOCATOR_GIB = 0.5
 MARGIN_GIB = 1.0
+# Share of the datasheet bandwidth a device copy reaches, low / expected / high, by memory type, where
+# nothing was measured or published: GDDR6 from the A10's and the L4's published copies (0.78 of the
+# datasheet as one tool reads them, 0.86 corrected for its bias, 0.895 the share an H100's HBM3 reaches;
+# docs/projection_sources.md); HBM: the source GPU's measured share (low: 0.9 of it).
+MEMORY_SHARE = {"GDDR6": (0.78, 0.86, 0.895)}
+HBM_LOW = 0.9
+# The largest share of its datasheet bf16 rate any NVIDIA card reaches in stas00/ml-engineering's MAMF
+# table (A100 SXM, 271.2 / 312): the clock model's high end where it is above the source's share.
+BEST_SHARE = 0.869
 STEP_KEYS = ("time/window_s", "count/timed_steps", "count/tokens_nonpad", "count/samples")  # a measured step
 NEEDED = ("memory_gib", "peak_bf16_tflops", "memory_bandwidth_gbs")
-COLUMNS = ("cell", "source", "target", "measured", "step_time_s", "tokens_per_s", "samples_per_s", "fits",
-           "peak_reserved_gib", "target_memory_gib", "usd_per_1m_tokens", "usd_per_1m_tokens_spot", "hours",
-           "usd", "usd_spot", "basis")
+COLUMNS = ("cell", "source", "target", "measured", "step_time_s", "tokens_per_s", "tokens_per_s_low",
+           "tokens_per_s_high", "samples_per_s", "samples_per_s_low", "samples_per_s_high", "fits",
+           "peak_reserved_gib", "target_memory_gib", "margin_gib", "usd_per_1m_tokens", "usd_per_1m_tokens_low",
+           "usd_per_1m_tokens_high", "usd_per_1m_tokens_spot", "hours", "hours_low", "hours_high", "usd",
+           "usd_spot", "expected_error", "basis")
+Range = tuple[float, float, float]  # low, expected, high
 
 
 def interp(table: dict[int, float], rows: float) -> float:
@@ -67,7 +95,8 @@ def interp(table: dict[int, float], rows: float) -> float:
 
 @dataclass(frozen=True)
 class Gpu:
-    """One conf/gpu option's figures: the datasheet's, and what `bench.py suite=hardware` measured."""
+    """One conf/gpu option's figures: the datasheet's, what `bench.py suite=hardware` measured on it,
+    what others published, and what the physical model needs."""
 
     name: str
     match: tuple[str, ...]
@@ -77,25 +106,100 @@ class Gpu:
     price: float | None
     spot: float | None
     gemm: dict = field(default_factory=dict)  # rows -> TFLOP/s over one step's GEMMs; {} = not measured
+    copy_gbs: float | None = None
     elementwise_gbs: float | None = None
     launch_us: float | None = None
     source: str = "datasheet"
+    published_gemm: Range | None = None  # best-shape bf16 TFLOP/s others measured: low, expected, high
+    published_copy: Range | None = None  # device copy GB/s others measured
+    sms: int | None = None
+    threads_per_sm: int | None = None
+    boost_mhz: float | None = None
+    base_mhz: float | None = None
+    power_w: float | None = None
+    memory_type: str | None = None
+    validated_error_pct: tuple[float, float] | None = None  # median, largest |error| of its validation
 
     def matmul_tflops(self, rows: float, like: "Gpu") -> float:
-        """The bf16 rate achieved at this GEMM shape: measured here, or this GPU's datasheet peak at
-        the fraction of its own peak that `like` (a measured GPU) reaches at that shape."""
+        """The bf16 rate achieved at this GEMM shape (expected): measured here, or projected from `like`."""
+        return self.matmul_range(rows, like)[1]
+
+    def matmul_range(self, rows: float, like: "Gpu") -> Range:
+        """Low / expected / high bf16 rate at this GEMM shape: measured here (one figure), or this GPU's
+        best-shape rate (published, else the clock model) times the share of its own best-shape rate
+        that `like` (a measured GPU) reaches at this shape."""
         if self.gemm:
-            return interp(self.gemm, rows)
-        if like.gemm:
-            return self.peak_tflops * interp(like.gemm, rows) / like.peak_tflops
-        return self.peak_tflops
+            v = interp(self.gemm, rows)
+            return v, v, v
+        if not like.gemm:
+            return self.peak_tflops, self.peak_tflops, self.peak_tflops
+        shape = interp(like.gemm, rows) / like.best_gemm()
+        return tuple(x * shape for x in self.best_gemm_range(like)[0])
+
+    def best_gemm(self) -> float:
+        """The best-shape bf16 rate on the scale others publish: the published figure, else the best
+        this GPU's own hardware run measured at a LoRA step's shapes."""
+        return self.published_gemm[1] if self.published_gemm else max(self.gemm.values())
+
+    def best_gemm_range(self, like: "Gpu") -> tuple[Range, str]:
+        """This GPU's best-shape bf16 rate: published, or the clock model from `like`'s share of its peak."""
+        if self.published_gemm:
+            return self.published_gemm, "published GEMM rates"
+        share = like.best_gemm() / like.peak_tflops
+        if not (self.power_w and self.sms and like.power_w and like.sms and self.base_mhz and self.boost_mhz):
+            v = self.peak_tflops * share
+            return (v, v, v), f"datasheet at {like.name}'s share"
+        return clock_model(self, like, share), "clock model"
 
     def achieved_gbs(self, like: "Gpu") -> float:
+        return self.bandwidth_range(like)[1]
+
+    def bandwidth_range(self, like: "Gpu") -> Range:
+        """Low / expected / high elementwise bandwidth (GB/s): measured here, or this GPU's copy rate
+        (published, else its memory type's share of the datasheet) times `like`'s elementwise / copy."""
         if self.elementwise_gbs:
-            return self.elementwise_gbs
-        if like.elementwise_gbs:
-            return self.bandwidth_gbs * like.elementwise_gbs / like.bandwidth_gbs
-        return self.bandwidth_gbs
+            return self.elementwise_gbs, self.elementwise_gbs, self.elementwise_gbs
+        if not (like.elementwise_gbs and like.copy_gbs):
+            v = self.bandwidth_gbs * (like.elementwise_gbs / like.bandwidth_gbs if like.elementwise_gbs else 1.0)
+            return v, v, v
+        return tuple(c * like.elementwise_gbs / like.copy_gbs for c in self.copy_range(like)[0])
+
+    def copy_range(self, like: "Gpu") -> tuple[Range, str]:
+        if self.published_copy:
+            return self.published_copy, "published copy rates"
+        if self.memory_type in MEMORY_SHARE:
+            return tuple(self.bandwidth_gbs * x for x in MEMORY_SHARE[self.memory_type]), f"{self.memory_type} share"
+        share = like.copy_gbs / like.bandwidth_gbs  # HBM (or unknown): the source's measured share
+        return (self.bandwidth_gbs * share * HBM_LOW, self.bandwidth_gbs * share, self.bandwidth_gbs * share), \
+            f"{like.name}'s HBM share"
+
+
+def clock_model(g: Gpu, like: Gpu, share: float) -> Range:
+    """A best-shape bf16 rate where nobody measured one: the datasheet (at the boost clock) times the
+    share of its datasheet the measured GPU reaches, times the clock the board's power limit allows
+    against the measured GPU's. Dynamic power ~ f x V^2 with V rising with f, so ~ f^3: the sustained
+    clock share goes as the cube root of the watts per SM (A10 150 / 72 = 2.1 against an H100's
+    700 / 132 = 5.3: (2.1 / 5.3)^(1/3) = 0.73), at most 1. Low: held at the base clock; high: no
+    extra limit at the best share any card reaches (BEST_SHARE, or the measured GPU's if higher)."""
+    clock = min(1.0, (g.power_w / g.sms / (like.power_w / like.sms)) ** (1 / 3))
+    mid = g.peak_tflops * share * clock
+    return min(g.peak_tflops * share * g.base_mhz / g.boost_mhz, mid), mid, g.peak_tflops * max(share, BEST_SHARE)
+
+
+def margin_gib(g: Gpu) -> float:
+    """Memory a cell needs on this GPU beyond its measured peak reserved (GiB): CUDA context and
+    allocator allowance (CONTEXT_BASE_GIB, STACK_KIB, ALLOCATOR_GIB): A10 0.24 + 72 x 1536 x 1 KiB
+    (0.11) + 0.5 = 0.85; H100 0.24 + 0.26 + 0.5 = 1.0."""
+    if not (g.sms and g.threads_per_sm):
+        return MARGIN_GIB
+    return CONTEXT_BASE_GIB + g.sms * g.threads_per_sm * STACK_KIB / 2**20 + ALLOCATOR_GIB
+
+
+def expected_error(g: Gpu) -> str:
+    """What the validation says of projections onto this GPU, printed beside each projected figure."""
+    if g.validated_error_pct:
+        return f"median {g.validated_error_pct[0]:.0f}%, worst {g.validated_error_pct[1]:.0f}% (validated)"
+    return "not validated: the range only"
 
 
 def read_hardware(path: Path) -> dict:
@@ -107,7 +211,8 @@ def read_hardware(path: Path) -> dict:
     if not gemm:
         raise ValueError(f"{path} has no hw/gemm_t<rows>_tflops: run `python bench.py suite=hardware "
                          "model=mistral-7b-v0.3` with this version of lorabench")
-    return {"gemm": gemm, "elementwise_gbs": m.get("hw/elementwise_gbs"), "launch_us": m.get("hw/launch_us")}
+    return {"gemm": gemm, "copy_gbs": m.get("hw/device_copy_gbs"), "elementwise_gbs": m.get("hw/elementwise_gbs"),
+            "launch_us": m.get("hw/launch_us")}
 
 
 @functools.lru_cache(maxsize=None)  # project, validate and the report ask for the same options: read each once
@@ -126,10 +231,14 @@ def gpu_option(name: str) -> Gpu:
     if o.get("measured"):
         measured = read_hardware(REPO / o["measured"])
         measured["source"] = f"measured: {o['measured']}"
+    rng = lambda k: tuple(o[k]) if o.get(k) else None  # noqa: E731
     return Gpu(name=name, match=tuple(o.get("match", [])), memory_gib=o["memory_gib"],
                peak_tflops=o["peak_bf16_tflops"], bandwidth_gbs=o["memory_bandwidth_gbs"],
                price=o.get("price_per_hour"), spot=o.get("spot_price_per_hour"),
-               **{"source": "datasheet", **measured})
+               published_gemm=rng("achieved_gemm_tflops"), published_copy=rng("achieved_copy_gbs"),
+               sms=o.get("sms"), threads_per_sm=o.get("threads_per_sm"), boost_mhz=o.get("boost_clock_mhz"),
+               base_mhz=o.get("base_clock_mhz"), power_w=o.get("power_w"), memory_type=o.get("memory_type"),
+               validated_error_pct=rng("validated_error_pct"), **{"source": "datasheet", **measured})
 
 
 def projectable() -> list[str]:
@@ -200,30 +309,52 @@ class Row:
     measured: bool
     step_time_s: float
     tokens_per_s: float
+    tokens_per_s_low: float
+    tokens_per_s_high: float
     samples_per_s: float
+    samples_per_s_low: float
+    samples_per_s_high: float
     fits: bool
     peak_reserved_gib: float | None
     target_memory_gib: float
+    margin_gib: float
     usd_per_1m_tokens: float | None
+    usd_per_1m_tokens_low: float | None  # at the fastest rates
+    usd_per_1m_tokens_high: float | None
     usd_per_1m_tokens_spot: float | None
     hours: float
+    hours_low: float
+    hours_high: float
     usd: float | None
     usd_spot: float | None
+    expected_error: str
     basis: str
 
 
-def project_step(s: Step, src: Gpu, tgt: Gpu) -> tuple[float, str]:
-    """The target's step time (s) and what it was scaled by."""
+@dataclass(frozen=True)
+class Projected:
+    """A step projected onto a target: seconds at the slowest, expected and fastest rates, and how."""
+
+    slow: float
+    expected: float
+    fast: float
+    basis: str
+
+
+def project_step(s: Step, src: Gpu, tgt: Gpu) -> Projected:
+    """The target's step time (s) at its low, expected and high rates, and what it was scaled by."""
     if tgt.name == src.name:
-        return s.seconds, f"measured on {src.name}"
-    rs, rt = src.matmul_tflops(s.rows, src), tgt.matmul_tflops(s.rows, src)
-    bs, bt = src.achieved_gbs(src), tgt.achieved_gbs(src)
+        return Projected(s.seconds, s.seconds, s.seconds, f"measured on {src.name}")
+    rs, bs = src.matmul_tflops(s.rows, src), src.achieved_gbs(src)
+    rt, bt = tgt.matmul_range(s.rows, src), tgt.bandwidth_range(src)
     host = src.launch_us and tgt.launch_us and tgt.launch_us / src.launch_us
-    t = s.compute * rs / rt + s.memory * bs / bt + s.data + s.host * (host or 1.0)
-    how = (f"projected from {src.name}, {s.basis}: compute x {rs:.0f}/{rt:.0f} TFLOP/s at {s.rows} rows, "
-           f"memory-bound x {bs:.0f}/{bt:.0f} GB/s, host " + (f"x {host:.2f} (launch floors)" if host else "as measured")
-           + f"; target figures: {tgt.source}")
-    return t, how
+    t = [s.compute * rs / r + s.memory * bs / b + s.data + s.host * (host or 1.0) for r, b in zip(rt, bt)]
+    figures = tgt.source if tgt.gemm else (f"{tgt.best_gemm_range(src)[1]}, {tgt.copy_range(src)[1]} "
+                                           "(conf/gpu, docs/projection_sources.md)")
+    how = (f"projected from {src.name}, {s.basis}: compute x {rs:.0f}/{rt[1]:.0f} ({rt[0]:.0f}-{rt[2]:.0f}) TFLOP/s "
+           f"at {s.rows} rows, memory-bound x {bs:.0f}/{bt[1]:.0f} ({bt[0]:.0f}-{bt[2]:.0f}) GB/s, host "
+           + (f"x {host:.2f} (launch floors)" if host else "as measured") + f"; target figures: {figures}")
+    return Projected(t[0], t[1], t[2], how)
 
 
 def project(results: list[CellResult], targets: list[Gpu], dataset_samples: int) -> tuple[list[Row], list[str]]:
@@ -242,19 +373,29 @@ def project(results: list[CellResult], targets: list[Gpu], dataset_samples: int)
             notes.append(f"{r.cell}: several GPUs (DDP): not projected (the model is for one GPU)")
             continue
         s = step_parts(r, src)
-        for tgt in targets:
-            t, basis = project_step(s, src, tgt)
-            hours = dataset_samples * t / s.samples / 3600
-            per_1m = lambda price: None if price is None else price / 3600 * t / s.tokens * 1e6  # noqa: E731
-            for_all = lambda price: None if price is None else price * hours  # noqa: E731
-            rows.append(Row(
-                cell=r.cell, source=src.name, target=tgt.name, measured=tgt.name == src.name, step_time_s=t,
-                tokens_per_s=s.tokens / t, samples_per_s=s.samples / t,
-                fits=s.peak_gib is None or s.peak_gib + MARGIN_GIB <= tgt.memory_gib,
-                peak_reserved_gib=s.peak_gib, target_memory_gib=tgt.memory_gib,
-                usd_per_1m_tokens=per_1m(tgt.price), usd_per_1m_tokens_spot=per_1m(tgt.spot),
-                hours=hours, usd=for_all(tgt.price), usd_spot=for_all(tgt.spot), basis=basis))
+        rows += [row(r.cell, s, src, tgt, dataset_samples) for tgt in targets]
     return rows, notes
+
+
+def row(cell: str, s: Step, src: Gpu, tgt: Gpu, dataset_samples: int) -> Row:
+    p = project_step(s, src, tgt)
+    hours = lambda t: dataset_samples * t / s.samples / 3600  # noqa: E731
+    per_1m = lambda price, t: None if price is None else price / 3600 * t / s.tokens * 1e6  # noqa: E731
+    margin = margin_gib(tgt)
+    measured = tgt.name == src.name
+    return Row(
+        cell=cell, source=src.name, target=tgt.name, measured=measured, step_time_s=p.expected,
+        tokens_per_s=s.tokens / p.expected, tokens_per_s_low=s.tokens / p.slow, tokens_per_s_high=s.tokens / p.fast,
+        samples_per_s=s.samples / p.expected, samples_per_s_low=s.samples / p.slow,
+        samples_per_s_high=s.samples / p.fast,
+        fits=s.peak_gib is None or s.peak_gib + margin <= tgt.memory_gib,
+        peak_reserved_gib=s.peak_gib, target_memory_gib=tgt.memory_gib, margin_gib=margin,
+        usd_per_1m_tokens=per_1m(tgt.price, p.expected), usd_per_1m_tokens_low=per_1m(tgt.price, p.fast),
+        usd_per_1m_tokens_high=per_1m(tgt.price, p.slow), usd_per_1m_tokens_spot=per_1m(tgt.spot, p.expected),
+        hours=hours(p.expected), hours_low=hours(p.fast), hours_high=hours(p.slow),
+        usd=None if tgt.price is None else tgt.price * hours(p.expected),
+        usd_spot=None if tgt.spot is None else tgt.spot * hours(p.expected),
+        expected_error="measured" if measured else expected_error(tgt), basis=p.basis)
 
 
 def cheapest(rows: list[Row], spot: bool = False) -> Row | None:
@@ -273,21 +414,41 @@ def write_csv(records: list, path: Path) -> None:
     atomic_write_text(path, buf.getvalue())
 
 
+def short_error(rows: list[Row], target: str) -> str:
+    """A target's expected error for a column header: the validated median, or that it has none."""
+    errs = {r.expected_error for r in rows if r.target == target}
+    if errs == {"measured"}:
+        return "measured"
+    g = gpu_option(target)
+    return f"~{g.validated_error_pct[0]:.0f}% median error" if g.validated_error_pct else "not validated"
+
+
+def money_range(r: Row) -> str:
+    """$/1M tokens on demand: measured (*), or projected expected with the fast-slow range (none where
+    the target's rates are its own measurement)."""
+    if r.measured:
+        return money(r.usd_per_1m_tokens) + "*"
+    if r.usd_per_1m_tokens_low == r.usd_per_1m_tokens_high:
+        return money(r.usd_per_1m_tokens)
+    return f"{money(r.usd_per_1m_tokens)} ({money(r.usd_per_1m_tokens_low)}-{money(r.usd_per_1m_tokens_high)})"
+
+
 def matrix_table(rows: list[Row]) -> str:
-    """One row per cell: $/1M non-pad tokens on each target (on demand; 'no fit' where it does not fit;
-    * measured, the others projected), and the cheapest target that fits, on demand and spot."""
+    """One row per cell: $/1M non-pad tokens on each target (on demand; expected and its range; 'no fit'
+    where it does not fit; * measured), each target's expected error in its header, and the cheapest
+    target that fits, on demand and spot."""
     cells = list(dict.fromkeys(r.cell for r in rows))
     targets = list(dict.fromkeys(r.target for r in rows))
     out = []
     for c in cells:
         mine = [r for r in rows if r.cell == c]
         by = {r.target: r for r in mine}
-        cells_ = [("no fit" if not by[t].fits else money(by[t].usd_per_1m_tokens) + ("*" if by[t].measured else ""))
-                  if t in by else "-" for t in targets]
+        cells_ = [("no fit" if not by[t].fits else money_range(by[t])) if t in by else "-" for t in targets]
         best, best_spot = cheapest(mine), cheapest(mine, spot=True)
         out.append([c, *cells_, f"{best.target} {money(best.usd_per_1m_tokens)}" if best else "-",
                     f"{best_spot.target} {money(best_spot.usd_per_1m_tokens_spot)}" if best_spot else "-"])
-    return md_table(["cell", *targets, "cheapest (on demand)", "cheapest (spot)"], out)
+    heads = [f"{t} ({short_error(rows, t)})" for t in targets]
+    return md_table(["cell", *heads, "cheapest (on demand)", "cheapest (spot)"], out)
 
 
 def summary(rows: list[Row], notes: list[str], dataset_samples: int) -> str:
@@ -295,17 +456,23 @@ def summary(rows: list[Row], notes: list[str], dataset_samples: int) -> str:
     if not rows:
         return "\n".join(notes)
     best, spot = cheapest(rows), cheapest(rows, spot=True)
+    rng = lambda r: "" if r.measured else (  # noqa: E731
+        f" ({r.hours_low:.2f}-{r.hours_high:.2f} h; {r.expected_error})")
     lines = [matrix_table(rows), "",
-             "USD per 1M non-pad tokens; * measured on that GPU, every other figure projected "
-             "(lorabench.projection; projection.csv gives each one's basis).",
+             "USD per 1M non-pad tokens: * measured on that GPU; every other figure projected, expected "
+             "(range from the slowest to the fastest rates of the target's sources), its validated error in "
+             "the column's header (lorabench.projection; projection.csv gives each one's basis).",
              f"Overall cheapest on demand: {best.cell} on {best.target}, {money(best.usd_per_1m_tokens)} per 1M tokens, "
-             f"{best.hours:.2f} h and {money(best.usd)} for {dataset_samples:,} samples." if best else None,
+             f"{best.hours:.2f} h{rng(best)} and {money(best.usd)} for {dataset_samples:,} samples." if best else None,
              f"Overall cheapest on spot: {spot.cell} on {spot.target}, {money(spot.usd_per_1m_tokens_spot)} per 1M "
              f"tokens, {money(spot.usd_spot)} for {dataset_samples:,} samples." if spot else None]
     sources = {r.source for r in rows}
     targets = {r.target: r.basis.split("target figures: ")[-1] for r in rows if not r.measured}
     lines += [f"Projected from {', '.join(sorted(sources))}; target figures: "
               + "; ".join(f"{t}: {s}" for t, s in targets.items())]
+    margins = {r.target: r.margin_gib for r in rows}
+    lines += ["Fits: measured peak reserved plus a margin per GPU (CUDA context and allocator; GiB): "
+              + ", ".join(f"{t} {m:.2f}" for t, m in margins.items()) + "."]
     return "\n".join(x for x in lines + notes if x is not None)
 
 
@@ -330,8 +497,8 @@ def measured_points(path: Path, gpus: list[Gpu]) -> list[dict]:
 
 def validate(rows: list[Row], points: list[dict], results: list[CellResult]) -> list[dict]:
     """Each measured point against its projection: error = predicted / measured - 1, in tokens/s where
-    measured, else samples/s; beside it a single ratio of datasheet peaks applied to the whole
-    measured step (the naive projection), for comparison."""
+    measured, else samples/s, with the projection's range; beside it a single ratio of datasheet peaks
+    applied to the whole measured step (the naive projection), for comparison."""
     by = {(r.cell, r.target): r for r in rows if not r.measured}
     measured_here = {r.cell: r.metrics for r in results if r.ok}
     peak = {n: gpu_option(n).peak_tflops for n in {r.target for r in rows} | {r.source for r in rows}}
@@ -341,27 +508,38 @@ def validate(rows: list[Row], points: list[dict], results: list[CellResult]) -> 
         if r is None:
             continue
         unit = "tokens_per_s" if "tokens_per_s" in p else "samples_per_s"
-        predicted = getattr(r, unit)
+        predicted, low, high = getattr(r, unit), getattr(r, f"{unit}_low"), getattr(r, f"{unit}_high")
         naive = measured_here[p["cell"]][f"perf/{unit}"] * peak[p["target"]] / peak[r.source]
         out.append({"cell": p["cell"], "source": r.source, "target": p["target"], "unit": unit,
-                    "measured": p[unit], "predicted": predicted, "error": predicted / p[unit] - 1,
+                    "measured": p[unit], "predicted": predicted, "predicted_low": low, "predicted_high": high,
+                    "error": predicted / p[unit] - 1, "in_range": None if low == high else low <= p[unit] <= high,
                     "peak_ratio_predicted": naive, "peak_ratio_error": naive / p[unit] - 1,
                     "measured_in": p["source"]})
+    return out
+
+
+def errors(checks: list[dict]) -> dict[tuple[str, str], tuple[float, float, int]]:
+    """Median and largest |error| (fractions) and the count, per (source, target) pair."""
+    out = {}
+    for pair in dict.fromkeys((c["source"], c["target"]) for c in checks):
+        errs = sorted(abs(c["error"]) for c in checks if (c["source"], c["target"]) == pair)
+        out[pair] = (median(errs), errs[-1], len(errs))
     return out
 
 
 def validation_table(checks: list[dict]) -> str:
     if not checks:
         return ""
-    rows = [[c["cell"], f"{c['source']} -> {c['target']}", c["unit"].replace("_per_s", "/s"),
-             f"{c['measured']:,.2f}" if c["measured"] < 100 else f"{c['measured']:,.0f}",
-             f"{c['predicted']:,.2f}" if c["predicted"] < 100 else f"{c['predicted']:,.0f}",
-             f"{100 * c['error']:+.1f}%", f"{100 * c['peak_ratio_error']:+.1f}%"] for c in checks]
-    lines = [md_table(["cell", "projection", "unit", "measured", "predicted", "error", "peak-ratio error"], rows), ""]
-    for pair in dict.fromkeys((c["source"], c["target"]) for c in checks):
-        errs = sorted(abs(c["error"]) for c in checks if (c["source"], c["target"]) == pair)
-        lines.append(f"{pair[0]} -> {pair[1]}: median |error| {100 * median(errs):.1f}%, "
-                     f"largest {100 * errs[-1]:.1f}% over {len(errs)} cells.")
+    fmt = lambda x: f"{x:,.2f}" if x < 100 else f"{x:,.0f}"  # noqa: E731
+    rows = [[c["cell"], f"{c['source']} -> {c['target']}", c["unit"].replace("_per_s", "/s"), fmt(c["measured"]),
+             fmt(c["predicted"]) + ("" if c["predicted_low"] == c["predicted_high"]
+                                    else f" ({fmt(c['predicted_low'])}-{fmt(c['predicted_high'])})"),
+             f"{100 * c['error']:+.1f}%", {True: "yes", False: "no", None: "-"}[c["in_range"]],
+             f"{100 * c['peak_ratio_error']:+.1f}%"] for c in checks]
+    lines = [md_table(["cell", "projection", "unit", "measured", "predicted (range)", "error", "in range",
+                       "peak-ratio error"], rows), ""]
+    for (src, tgt), (med, worst, n) in errors(checks).items():
+        lines.append(f"{src} -> {tgt}: median |error| {100 * med:.1f}%, largest {100 * worst:.1f}% over {n} cells.")
     return "\n".join(lines)
 
 
@@ -369,3 +547,38 @@ def median(xs: list[float]) -> float:
     xs = sorted(xs)
     n = len(xs)
     return (xs[n // 2] + xs[(n - 1) // 2]) / 2
+
+
+def validation_markdown(runs: list[tuple[Path, list[Path]]]) -> str:
+    """docs/projection.md's validation section: for each (measured run dir, [run dirs or CSVs measured on
+    other GPUs]) the projection onto every GPU measured there, checked against those measurements; then
+    the errors per (source, target) over all parts; then the clock model against the published rates."""
+    gpus = [gpu_option(n) for n in projectable()]
+    out, every = [], []
+    for path, measured in runs:
+        results = load_cells(path)
+        points = [p for m in measured for p in measured_points(m, gpus)]
+        rows, _ = project(results, [gpu_option(n) for n in sorted({p["target"] for p in points})], 1)
+        checks = validate(rows, points, results)
+        every += checks
+        out += [f"From `{path.relative_to(REPO)}`:", "", validation_table(checks), ""]
+    lines = [f"{src} -> {tgt}: median |error| {100 * med:.1f}%, largest {100 * worst:.1f}% over {n} cells"
+             for (src, tgt), (med, worst, n) in errors(every).items()]
+    return "\n".join(out + ["All parts together:", "", *[f"- {x}" for x in lines], "", clock_model_check(gpus)])
+
+
+def clock_model_check(gpus: list[Gpu]) -> str:
+    """The physical model's best-shape rate for each GPU with published rates, had none been published
+    (from the H100's published share of its datasheet), against the published expected figure."""
+    h100 = gpu_option("h100")
+    share = h100.best_gemm() / h100.peak_tflops
+    rows = []
+    for g in gpus:
+        if not g.published_gemm or g.gemm:
+            continue
+        low, mid, high = clock_model(g, h100, share)
+        rows.append([g.name, f"{g.power_w / g.sms:.1f}", f"{low:.0f} / {mid:.0f} / {high:.0f}",
+                     f"{g.published_gemm[1]:.1f}", f"{100 * (mid / g.published_gemm[1] - 1):+.0f}%",
+                     "yes" if low <= g.published_gemm[1] <= high else "no"])
+    return md_table(["GPU", "W per SM", "clock model low / expected / high TFLOP/s", "published (expected)",
+                     "model error", "published within the model's range"], rows)
