@@ -230,6 +230,7 @@ def collect_metrics(c: Config, device: torch.device, gpu: GpuConfig, model, para
     metrics.update(data_stats)
     metrics.update(memory_stats(device))
     metrics["host/rss_peak_gib"] = watch.guard.peak_gib  # this process and its workers, sampled every 0.1 s
+    metrics["mem/weights_gib"] = sharding.held_bytes(model) / 2**30  # this process's (FSDP: its shards)
     if getattr(model, "lorabench_offloader", None) is not None:  # train.offload_fraction > 0
         metrics.update(model.lorabench_offloader.metrics())
     if watch.sampler:

@@ -73,3 +73,12 @@ def enable_on_cpu(trainer) -> None:
     state.distributed_type = DistributedType.FSDP
     trainer.is_fsdp_enabled = True
     log.info("FSDP2 on CPU processes (gloo): accelerate's state set to FSDP")
+
+
+def held_bytes(model) -> int:
+    """Bytes of parameters this process holds: under FSDP its shards (a DTensor's local part), else
+    every parameter whole. Between layers an FSDP rank holds about 1/N of the model's."""
+    from torch.distributed.tensor import DTensor
+
+    local = (p.to_local() if isinstance(p, DTensor) else p for p in model.parameters())
+    return sum(t.numel() * t.element_size() for t in local)

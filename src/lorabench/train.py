@@ -11,7 +11,7 @@ import logging
 
 from omegaconf import DictConfig
 
-from lorabench import backends, cell, checks
+from lorabench import backends, cell, checks, fastpath
 from lorabench.config import Backend, Config
 from lorabench.devices import resolve_device
 from lorabench.loggers import MetricLogger
@@ -35,6 +35,7 @@ def train_and_measure(c: Config, ctx: RunContext, result: CellResult, logger: Me
     # so that the next cell of a sweep (backend=hf, say) does not run Unsloth's code.
     if c.backend.name is Backend.unsloth:
         backends.check(c, resolve_device(c.train.device))  # skipped here when it is not installed
+    fastpath.check_sharded(c)  # a part that cannot run under FSDP: skipped before N processes start
     # The training code (transformers, PEFT, bitsandbytes: 5 s of imports on a CPU) is imported only
     # now, so a bad value above fails a cell in a second or two.
     from lorabench import distributed, loop
