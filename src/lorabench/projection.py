@@ -19,6 +19,15 @@ suite=hardware` run when conf/gpu names one (`measured:`), otherwise its datashe
 fraction of the datasheet the measured source GPU reaches (at that GEMM shape). Memory: the cell
 fits a target when its measured peak reserved memory plus MARGIN_GIB is within the target's memory.
 
+Several GPUs (a DDP or FSDP cell on one node, train.nproc = N): projected onto N GPUs of each target, each
+rank's step as above (FLOPs and tokens per rank: the cell's totals over N), at N GPUs' price, fitting where
+its largest rank's peak fits one target GPU. The interconnect is assumed to be of the same kind as the
+source's (NVLink to NVLink, PCIe to PCIe): the collectives (DDP's all-reduce of the adapters' gradients,
+FSDP's all-gathers of each layer's weights and reduce-scatters) keep the share of the step they had, inside
+the parts they overlapped or waited in, and are not scaled by any link figure. A faster GPU on the same
+links therefore comes out optimistic for a communication-bound FSDP cell. Cells over several nodes (the
+network between them) are left out.
+
 What the model leaves out: the power and clock limits that hold a small card below its datasheet
 rate (the fraction measured on the source is assumed), a different host CPU (unless measured), a
 different kernel choice per architecture (FlashAttention, cuBLAS heuristics), and memory that
@@ -49,7 +58,7 @@ STEP_KEYS = ("time/window_s", "count/timed_steps", "count/tokens_nonpad", "count
 NEEDED = ("memory_gib", "peak_bf16_tflops", "memory_bandwidth_gbs")
 COLUMNS = ("cell", "source", "target", "measured", "step_time_s", "tokens_per_s", "samples_per_s", "fits",
            "peak_reserved_gib", "target_memory_gib", "usd_per_1m_tokens", "usd_per_1m_tokens_spot", "hours",
-           "usd", "usd_spot", "basis")
+           "usd", "usd_spot", "basis", "gpus")
 
 
 def interp(table: dict[int, float], rows: float) -> float:
@@ -164,9 +173,17 @@ class Step:
     basis: str
 
 
+def world_size(r: CellResult) -> int:
+    """The GPUs a cell ran on: train.nproc x train.nnodes (its ranks)."""
+    t = r.config.get("train", {})
+    return r.metrics.get("dist/world_size", t.get("nproc", 1) * t.get("nnodes", 1))
+
+
 def step_parts(r: CellResult, src: Gpu) -> Step:
+    """The cell's mean timed step; for a multi-GPU cell, as one rank's (its FLOPs are the cell's over N;
+    tokens and samples stay the cell's, all ranks')."""
     m, c = r.metrics, r.config
-    steps = m["count/timed_steps"]
+    steps, n = m["count/timed_steps"], world_size(r)
     t = m["time/window_s"] / steps
     common = dict(seconds=t, rows=c["batch"] * c["seq_len"], tokens=m["count/tokens_nonpad"] / steps,
                   samples=m["count/samples"] / steps, peak_gib=m.get("mem/peak_reserved_gib"))
@@ -187,6 +204,7 @@ def step_parts(r: CellResult, src: Gpu) -> Step:
         # (the active weights: an MoE layer recomputes only the experts its tokens run through)
         flops += 2 * m.get("params/active_matmul", m["params/base_matmul"]) * common["tokens"] \
             * tr.get("checkpoint_fraction", 1.0)
+    flops /= n  # one rank's share: each runs its own batch at the same time
     compute = min(t, flops / (src.matmul_tflops(common["rows"], src) * 1e12))
     return Step(compute=compute, memory=t - compute, data=0.0, host=0.0,
                 basis="FLOP count (no profile; the rest taken as memory-bound)", **common)
@@ -210,6 +228,12 @@ class Row:
     usd: float | None
     usd_spot: float | None
     basis: str
+    gpus: int = 1  # GPUs of the target: the cell's train.nproc
+
+    @property
+    def on(self) -> str:
+        """The target in words: "a10", or "4 x a10" for a multi-GPU cell."""
+        return self.target if self.gpus == 1 else f"{self.gpus} x {self.target}"
 
 
 def project_step(s: Step, src: Gpu, tgt: Gpu) -> tuple[float, str]:
@@ -227,7 +251,8 @@ def project_step(s: Step, src: Gpu, tgt: Gpu) -> tuple[float, str]:
 
 
 def project(results: list[CellResult], targets: list[Gpu], dataset_samples: int) -> tuple[list[Row], list[str]]:
-    """Every ok single-GPU cell onto every target: rows, and a note for each cell left out."""
+    """Every ok cell of one node (1 GPU, or N under DDP or FSDP: onto N of each target) onto every target:
+    rows, and a note for each cell left out."""
     gpus = [gpu_option(n) for n in projectable()]
     rows, notes = [], []
     for r in results:
@@ -238,22 +263,24 @@ def project(results: list[CellResult], targets: list[Gpu], dataset_samples: int)
             notes.append(f"{r.cell}: ran on {(r.gpu or {}).get('device_name', r.device)}, which no conf/gpu option "
                          "with figures matches: not projected")
             continue
-        if r.config.get("train", {}).get("nproc", 1) > 1 or r.config.get("train", {}).get("nnodes", 1) > 1:
-            notes.append(f"{r.cell}: several GPUs (DDP): not projected (the model is for one GPU)")
+        if r.config.get("train", {}).get("nnodes", 1) > 1:
+            notes.append(f"{r.cell}: several nodes: not projected (the network between nodes is not modelled)")
             continue
-        s = step_parts(r, src)
+        s, n = step_parts(r, src), world_size(r)
         for tgt in targets:
             t, basis = project_step(s, src, tgt)
+            if n > 1:
+                basis += f"; {n} GPUs, interconnect assumed of the source's kind (collectives not scaled)"
             hours = dataset_samples * t / s.samples / 3600
-            per_1m = lambda price: None if price is None else price / 3600 * t / s.tokens * 1e6  # noqa: E731
-            for_all = lambda price: None if price is None else price * hours  # noqa: E731
+            per_1m = lambda price: None if price is None else n * price / 3600 * t / s.tokens * 1e6  # noqa: E731
+            for_all = lambda price: None if price is None else n * price * hours  # noqa: E731
             rows.append(Row(
                 cell=r.cell, source=src.name, target=tgt.name, measured=tgt.name == src.name, step_time_s=t,
                 tokens_per_s=s.tokens / t, samples_per_s=s.samples / t,
                 fits=s.peak_gib is None or s.peak_gib + MARGIN_GIB <= tgt.memory_gib,
                 peak_reserved_gib=s.peak_gib, target_memory_gib=tgt.memory_gib,
                 usd_per_1m_tokens=per_1m(tgt.price), usd_per_1m_tokens_spot=per_1m(tgt.spot),
-                hours=hours, usd=for_all(tgt.price), usd_spot=for_all(tgt.spot), basis=basis))
+                hours=hours, usd=for_all(tgt.price), usd_spot=for_all(tgt.spot), basis=basis, gpus=n))
     return rows, notes
 
 
@@ -285,8 +312,8 @@ def matrix_table(rows: list[Row]) -> str:
         cells_ = [("no fit" if not by[t].fits else money(by[t].usd_per_1m_tokens) + ("*" if by[t].measured else ""))
                   if t in by else "-" for t in targets]
         best, best_spot = cheapest(mine), cheapest(mine, spot=True)
-        out.append([c, *cells_, f"{best.target} {money(best.usd_per_1m_tokens)}" if best else "-",
-                    f"{best_spot.target} {money(best_spot.usd_per_1m_tokens_spot)}" if best_spot else "-"])
+        out.append([c, *cells_, f"{best.on} {money(best.usd_per_1m_tokens)}" if best else "-",
+                    f"{best_spot.on} {money(best_spot.usd_per_1m_tokens_spot)}" if best_spot else "-"])
     return md_table(["cell", *targets, "cheapest (on demand)", "cheapest (spot)"], out)
 
 
@@ -298,9 +325,9 @@ def summary(rows: list[Row], notes: list[str], dataset_samples: int) -> str:
     lines = [matrix_table(rows), "",
              "USD per 1M non-pad tokens; * measured on that GPU, every other figure projected "
              "(lorabench.projection; projection.csv gives each one's basis).",
-             f"Overall cheapest on demand: {best.cell} on {best.target}, {money(best.usd_per_1m_tokens)} per 1M tokens, "
+             f"Overall cheapest on demand: {best.cell} on {best.on}, {money(best.usd_per_1m_tokens)} per 1M tokens, "
              f"{best.hours:.2f} h and {money(best.usd)} for {dataset_samples:,} samples." if best else None,
-             f"Overall cheapest on spot: {spot.cell} on {spot.target}, {money(spot.usd_per_1m_tokens_spot)} per 1M "
+             f"Overall cheapest on spot: {spot.cell} on {spot.on}, {money(spot.usd_per_1m_tokens_spot)} per 1M "
              f"tokens, {money(spot.usd_spot)} for {dataset_samples:,} samples." if spot else None]
     sources = {r.source for r in rows}
     targets = {r.target: r.basis.split("target figures: ")[-1] for r in rows if not r.measured}
