@@ -629,7 +629,7 @@ Options, group=option (a multirun takes several: precision=nf4,bf16):
   +experiment=  {experiments}
 
 Keys: seq_len, batch, train.max_steps, train.untimed_steps, train.gradient_checkpointing,
-train.checkpoint_fraction, train.nproc, lora.r, optimizer.lr, data.packing, gpu.price_per_hour,
+train.checkpoint_fraction, train.nproc, train.parallel (ddp, fsdp), lora.r, optimizer.lr, data.packing, gpu.price_per_hour,
 sweep.keep_going, report.dataset_samples ... (conf/train.yaml; the schemas: src/lorabench/config.py).
 
 Exit codes: 0 ok; 1 bad command line (Hydra); 2 a cell failed (bad value, data, exception) or a
