@@ -113,6 +113,7 @@ def launch(c: Config, run_dir: Path, result: CellResult) -> dict:
         tail = ranks_log.read_text()[-2000:]
         raise RuntimeError(f"{msg} (torchrun exit code {proc.returncode}); end of {ranks_log.name}:\n{tail}")
     result.model, result.device, result.gpu = ranks[0].model, ranks[0].device, ranks[0].gpu
+    result.resumed_from_step = ranks[0].resumed_from_step  # (every rank resumes from the same checkpoint)
     result.dist = {"nproc": n, "nnodes": nodes, "parallel": c.train.parallel.value if world > 1 else "none",
                    "devices": [x.device for x in ranks]}
     g = ranks[0].gpu  # the spec rank 0 priced its device with (devices.setup_device)
