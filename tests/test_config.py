@@ -37,7 +37,9 @@ def test_every_option_composes_into_schema(group, option):
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_every_experiment_composes(name):
     obj = OmegaConf.to_object(compose_cfg([f"+experiment={name}"]))
-    assert obj.model.name == "mistral-7b-v0.3" and obj.precision.name is Precision.nf4
+    # every experiment is the seed's recipe; fsdp_scaling on the 70B model it is for
+    assert obj.model.name == ("llama-3.3-70b" if name == "fsdp_scaling" else "mistral-7b-v0.3")
+    assert obj.precision.name is Precision.nf4
     assert obj.optimizer.name.value == "paged_adamw_8bit" and obj.train.gradient_checkpointing
 
 
