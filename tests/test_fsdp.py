@@ -70,7 +70,8 @@ def test_sharded_values_that_cannot_run_are_one_line_errors():
     fast = OmegaConf.to_object(compose_cfg(["backend=fast", "train.nproc=2", "train.parallel=fsdp"]))
     with pytest.raises(CellSkipped, match="backend=fast: fused_lora reads each projection's 4-bit weight"):
         fastpath.check_sharded(fast)
-    for override, key in (("backend=unsloth", "backend=unsloth"), ("precision=int8", "precision=int8")):
+    for override, key in (("backend=unsloth", "backend=unsloth"), ("precision=int8", "precision=int8"),
+                          ("optimizer=paged_adamw_8bit", "optimizer=paged_adamw_8bit")):
         c = OmegaConf.to_object(compose_cfg([override, "train.nproc=2", "train.parallel=fsdp"]))
         with pytest.raises(ValueError, match=f"train.parallel=fsdp with {key}"):
             checks.check_backend(c)
@@ -136,14 +137,14 @@ two_gpus = pytest.mark.skipif(_gpus() < 2, reason="needs 2 CUDA GPUs")
 @pytest.mark.gpu
 @two_gpus
 def test_two_gpu_nf4_sharded_cell_trains_like_its_ddp_twin_on_half_the_weights(tmp_path):
-    """nf4 with the paged 8-bit optimizer, activation checkpointing and a checkpoint every 3 steps, 2 ranks: FSDP against DDP at the same
+    """nf4 with PyTorch's fused AdamW (bitsandbytes' optimizers are refused sharded), activation checkpointing and a checkpoint every 3 steps, 2 ranks: FSDP against DDP at the same
     global batch. Both compute in bf16 under the Trainer's autocast with the same weights; the losses
     within one bf16 step per side, 2 x eps_bf16 = 1.6% (BF16_LOSS: a wrong shard or a lost half batch
     is off by more after a few steps). Each FSDP rank holds about half the weights (the 4-bit words and
     the fp32 adapters and norms are sharded; the quantisation constants, 3% of nf4's bits, stay whole)."""
     from conftest import BF16_LOSS
 
-    gpu = ["train.device=cuda", "precision=nf4", "optimizer=paged_adamw_8bit", "train.gradient_checkpointing=true",
+    gpu = ["train.device=cuda", "precision=nf4", "optimizer=adamw_torch_fused", "train.gradient_checkpointing=true",
            "data=synthetic", "data.max_samples=64", "seq_len=128", "batch=2", "train.max_steps=6",
            "train.untimed_steps=2", "lora.dropout=0", "train.nproc=2"]
     fsdp = run_in_process([*gpu, "train.parallel=fsdp", "train.save_steps=3"], tmp_path / "fsdp")

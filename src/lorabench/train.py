@@ -12,7 +12,7 @@ import logging
 from omegaconf import DictConfig
 
 from lorabench import backends, cell, checks, fastpath
-from lorabench.config import Backend, Config
+from lorabench.config import Backend, Config, Parallel
 from lorabench.devices import resolve_device
 from lorabench.loggers import MetricLogger
 from lorabench.results import CellResult, CellSkipped, RunContext, Status, flatten, load_results
@@ -40,6 +40,8 @@ def train_and_measure(c: Config, ctx: RunContext, result: CellResult, logger: Me
     # now, so a bad value above fails a cell in a second or two.
     from lorabench import distributed, loop
 
+    if c.train.parallel is Parallel.fsdp and not c.train.sharded:
+        log.info("train.parallel=fsdp with one process: nothing to shard, a plain one-process cell")
     if c.train.nproc > 1 or c.train.nnodes > 1 or c.backend.name is Backend.unsloth:
         return distributed.launch(c, ctx.run_dir, result)
     metrics = loop.measure(c, ctx.run_dir, result, logger)
