@@ -57,7 +57,8 @@ def test_two_rank_sharded_cell_matches_one_process_and_holds_half_the_weights(tm
 def test_sharded_parts_are_refused_by_name_before_any_process_starts(tmp_path):
     r = run_in_process([*FSDP, "backend.flat_optimizer=true"], tmp_path)
     assert r.status.value == "skipped", r.error
-    assert "flat_optimizer" in r.error and "train.parallel=fsdp" in r.error and "backend.flat_optimizer=false" in r.error
+    assert "flat_optimizer" in r.error and "train.parallel=fsdp" in r.error
+    assert "backend.flat_optimizer=false" in r.error
     assert not (tmp_path / "ranks.log").exists()
 
 
@@ -78,6 +79,28 @@ def test_sharded_values_that_cannot_run_are_one_line_errors():
     single = OmegaConf.to_object(compose_cfg(["backend=fast", "train.parallel=fsdp"]))  # 1 process: not sharded
     assert not single.train.sharded
     fastpath.check_sharded(single)
+
+
+@pytest.mark.slow  # two cells, one of 2 ranks: ~40 s
+def test_the_fast_parts_that_run_sharded_train_as_in_one_process(tmp_path):
+    """backend=fast less what is refused sharded (and Liger's CUDA kernels): the decoder layer's residual
+    add inside the next RMSNorm, norms not upcast (backend.upcast_fp32=false), the lean Trainer step, on 2
+    ranks against 1 process."""
+    fast = ["backend=fast", "backend.liger=[]", "backend.fused_lora=false", "backend.fused_mlp=false",
+            "backend.flat_optimizer=false"]
+    two = run_in_process([*FSDP, *fast], tmp_path / "two")
+    one = run_in_process([*COMMON, "batch=4", *fast], tmp_path / "one")
+    assert two.ok and one.ok, (two.error, one.error)
+    assert losses(tmp_path / "two") == pytest.approx(losses(tmp_path / "one"), rel=FSDP_LOSS)
+
+
+def test_a_sharded_cell_composes_for_slurm_on_one_node_of_n_gpus():
+    """SLURM (Hydra's submitit launcher): one job, one node, 4 GPUs, 4 ranks sharding the model."""
+    cfg = compose_cfg(["hydra/launcher=slurm", "hydra.launcher.partition=gpu", "hydra.launcher.gpus_per_node=4",
+                       "train.nproc=4", "train.parallel=fsdp"], return_hydra_config=True)
+    launcher = cfg.hydra.launcher
+    assert launcher.nodes == 1 and launcher.tasks_per_node == 1 and launcher.gpus_per_node == cfg.train.nproc == 4
+    assert cfg.train.parallel.value == "fsdp"
 
 
 @pytest.mark.slow  # ~55 s: rank 0 waits in a collective, deaf to torchrun's SIGTERM, until its SIGKILL 30 s later
@@ -137,7 +160,8 @@ two_gpus = pytest.mark.skipif(_gpus() < 2, reason="needs 2 CUDA GPUs")
 @pytest.mark.gpu
 @two_gpus
 def test_two_gpu_nf4_sharded_cell_trains_like_its_ddp_twin_on_half_the_weights(tmp_path):
-    """nf4 with PyTorch's fused AdamW (bitsandbytes' optimizers are refused sharded), activation checkpointing and a checkpoint every 3 steps, 2 ranks: FSDP against DDP at the same
+    """nf4 with PyTorch's fused AdamW (bitsandbytes' optimizers are refused sharded), activation
+    checkpointing and a checkpoint every 3 steps, 2 ranks: FSDP against DDP at the same
     global batch. Both compute in bf16 under the Trainer's autocast with the same weights; the losses
     within one bf16 step per side, 2 x eps_bf16 = 1.6% (BF16_LOSS: a wrong shard or a lost half batch
     is off by more after a few steps). Each FSDP rank holds about half the weights (the 4-bit words and

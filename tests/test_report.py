@@ -131,9 +131,11 @@ def test_scaling_table_labels_the_mode_and_compares_either_mode_with_one_gpu():
     """1 GPU, then 2 GPUs under DDP and under FSDP: each multi-GPU row against the 1-process cell (its
     parallel value does not matter with one process), global and per-GPU tok/s, the weights a rank holds."""
     def r(nproc, parallel, tok, weights, usd):
-        return CellResult.from_dict({"status": "ok", "config": {"batch": 4, "train": {"nproc": nproc, "parallel": parallel}},
-                                     "metrics": {"perf/tokens_per_s": tok, "dist/world_size": nproc, "mem/weights_gib": weights,
-                                                 "mem/peak_reserved_gib": 2 * weights, "cost/usd_per_1m_tokens": usd}})
+        metrics = {"perf/tokens_per_s": tok, "dist/world_size": nproc, "mem/weights_gib": weights,
+                   "mem/peak_reserved_gib": 2 * weights, "cost/usd_per_1m_tokens": usd}
+        return CellResult.from_dict({"status": "ok", "config": {"batch": 4, "train": {"nproc": nproc,
+                                                                                      "parallel": parallel}},
+                                     "metrics": metrics})
     results = [r(1, "fsdp", 1000.0, 4.0, 1.0), r(2, "ddp", 1900.0, 4.0, 1.05), r(2, "fsdp", 1500.0, 2.0, 1.33)]
     from lorabench.analysis import scaling_table
 

@@ -629,8 +629,9 @@ Options, group=option (a multirun takes several: precision=nf4,bf16):
   +experiment=  {experiments}
 
 Keys: seq_len, batch, train.max_steps, train.untimed_steps, train.gradient_checkpointing,
-train.checkpoint_fraction, train.nproc, train.parallel (ddp, fsdp), lora.r, optimizer.lr, data.packing, gpu.price_per_hour,
-sweep.keep_going, report.dataset_samples ... (conf/train.yaml; the schemas: src/lorabench/config.py).
+train.checkpoint_fraction, train.nproc, train.parallel (ddp, fsdp), lora.r, optimizer.lr, data.packing,
+gpu.price_per_hour, sweep.keep_going, report.dataset_samples ... (conf/train.yaml; the schemas:
+src/lorabench/config.py).
 
 Exit codes: 0 ok; 1 bad command line (Hydra); 2 a cell failed (bad value, data, exception) or a
 multirun with a failed cell; 3 out of memory; 4 interrupted; 5 skipped. A multirun exits 0 when every
