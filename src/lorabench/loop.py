@@ -65,7 +65,8 @@ def _measure(c: Config, run_dir: Path, result: CellResult, logger: MetricLogger,
     steps_file = run_dir / ("steps.jsonl" if rank == 0 else f"steps.rank{rank}.jsonl")
     resume = resume_state(c, ckpt_dir, steps_file, result)
     watch = watch_training(c, device, run_dir, steps_file, resume, logger, rank)
-    layer_class = type(fastpath.decoder_layers(model)[0]).__name__  # FSDP's unit (train.parallel=fsdp)
+    # FSDP's unit, with train.parallel=fsdp over several processes: the decoder layer's class
+    layer_class = type(fastpath.decoder_layers(model)[0]).__name__ if c.train.sharded else ""
     trainer = MeasuredTrainer(model=model, args=training_arguments(c, device, ckpt_dir, layer_class),
                               train_dataset=dataset,
                               data_collator=data.build_collator(c, tokenizer), callbacks=watch.callbacks,
