@@ -38,6 +38,7 @@ def one_process(tmp_path_factory):
     return r, losses(run_dir)
 
 
+@pytest.mark.slow  # two cells, one of 2 ranks: ~30 s on 2 cores (make test-slow, CI)
 def test_two_rank_sharded_cell_matches_one_process_and_holds_half_the_weights(tmp_path, one_process):
     one, expected = one_process
     two = run_in_process(FSDP, tmp_path)

@@ -246,7 +246,7 @@ def build_trainable_model(c: Config, device: torch.device):
     kernels, LoRA adapters, activation checkpointing, compilation; ready for the Trainer."""
     if c.backend.name is Backend.unsloth:
         return backends.build_unsloth(c, device)  # Unsloth's loader and LoRA do all of it
-    model, weights = modeling.build_model(c, device)
+    model, weights = modeling.build_model(c, device, sharded=c.train.sharded)
     model = fastpath.apply(model, c, device, fastpath.Stage.BEFORE_LORA)  # Liger's ops before LoRA wraps layers
     model = modeling.apply_lora(model, c.lora, c.precision.name, c.train.gradient_checkpointing,
                                 c.backend.upcast_fp32)

@@ -97,14 +97,15 @@ def random_init(model_cfg: ModelConfig, device: torch.device, dtype: torch.dtype
                                                 attn_implementation=model_cfg.attn_implementation)
 
 
-def build_model(cfg: Config, device: torch.device):
-    """Base model at the cell's precision on `device`. Returns (model, weights) where weights
-    says where the weights came from ("random_init" or the path)."""
+def build_model(cfg: Config, device: torch.device, sharded: bool = False):
+    """Base model at the cell's precision on `device` (cfg: a training cell's or bench.py's config).
+    Returns (model, weights) where weights says where the weights came from ("random_init" or the
+    path). sharded: for FSDP (train.parallel=fsdp), nf4 stored as bf16 words (quantization_config)."""
     from transformers import AutoModelForCausalLM
 
     precision = cfg.precision.name
     dtype = WEIGHT_DTYPE[precision]
-    quant = quantization_config(precision, cfg.precision.double_quant, cfg.train.sharded)
+    quant = quantization_config(precision, cfg.precision.double_quant, sharded)
     # device_map pins every weight to this cell's device (one full copy per rank under DDP; under FSDP
     # too until the Trainer's fully_shard keeps each rank's 1/N of it: the load's peak is the whole model).
     device_map = {"": device}
