@@ -104,6 +104,26 @@ def test_a_sharded_cell_composes_for_slurm_on_one_node_of_n_gpus():
     assert cfg.train.parallel.value == "fsdp"
 
 
+def test_the_rank_whose_own_error_came_first_explains_a_failed_cell(tmp_path):
+    """Unit level (the slow test below runs it for real): a rank stopped by torchrun (interrupted) or one
+    without a result never hides a failure; of two failures, the earlier error file is the cause."""
+    import os
+
+    from lorabench.distributed import root_cause
+    from lorabench.results import CellResult, Status
+
+    stopped = CellResult(Status.interrupted, "rank 0", error="SIGTERM before training began")
+    broken = CellResult(Status.failed, "rank 2", error="RuntimeError: Connection closed by peer")
+    own = CellResult(Status.failed, "rank 1", error="IsADirectoryError: steps.rank1.jsonl")
+    lost = CellResult(Status.failed, "rank 3", error="no result")
+    for r, age in ((1, 10), (2, 5)):  # rank 1's error file written 5 s before rank 2's
+        (tmp_path / f"error.rank{r}.txt").write_text("traceback")
+        os.utime(tmp_path / f"error.rank{r}.txt", (1e9 - age, 1e9 - age))
+    bad = [(3, lost), (0, stopped), (2, broken), (1, own)]
+    assert root_cause(bad, tmp_path) == (1, own)
+    assert root_cause([(3, lost), (0, stopped)], tmp_path) == (0, stopped)
+
+
 @pytest.mark.slow  # ~55 s: rank 0 waits in a collective, deaf to torchrun's SIGTERM, until its SIGKILL 30 s later
 def test_a_rank_that_fails_fails_the_cell_with_its_reason(tmp_path):
     """Rank 1 cannot write its step records (a directory is in the way): it fails at once, torchrun stops
