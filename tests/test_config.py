@@ -7,6 +7,7 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import OmegaConf
 from omegaconf.errors import ValidationError
 
+from lorabench import checks
 from lorabench.config import Config, Precision
 
 # experiment and diag options are deltas on other configs: their own tests below compose them.
@@ -37,8 +38,13 @@ def test_every_option_composes_into_schema(group, option):
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_every_experiment_composes(name):
     obj = OmegaConf.to_object(compose_cfg([f"+experiment={name}"]))
-    assert obj.model.name == "mistral-7b-v0.3" and obj.precision.name is Precision.nf4
-    assert obj.optimizer.name.value == "paged_adamw_8bit" and obj.train.gradient_checkpointing
+    # every experiment is the seed's recipe; fsdp_scaling on the 70B model it is for, with an optimizer that
+    # updates FSDP's sharded adapters (bitsandbytes' do not: lorabench.checks)
+    model, optimizer = ("llama-3.3-70b", "adamw_torch_fused") if name == "fsdp_scaling" else \
+        ("mistral-7b-v0.3", "paged_adamw_8bit")
+    assert obj.model.name == model and obj.precision.name is Precision.nf4
+    assert obj.optimizer.name.value == optimizer and obj.train.gradient_checkpointing
+    checks.check_backend(OmegaConf.to_object(compose_cfg([f"+experiment={name}", "train.nproc=2"])))  # on 2 GPUs
 
 
 def test_seed_experiments_are_the_seeds_cells():

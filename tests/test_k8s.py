@@ -39,6 +39,7 @@ def test_base_manifests_validate():
     ("card", ["seq_len=512,1024", "batch=4,8"], 4),
     ("diag", ["+experiment=diagnostic", "gpu=a10"], 6),  # the sweep comes from the experiment's config
     ("ddp", ["+experiment=ddp_scaling", "train.nproc=1,2"], 2),  # the command line wins over it
+    ("fsdp", ["+experiment=fsdp_scaling", "train.nproc=2,4"], 2),  # sharded cells: one pod of N GPUs each
 ])
 def test_one_valid_job_per_cell(sweep, overrides, cells):
     jobs = [docs[-1] for docs in k8s.render(sweep, overrides, "registry.example.com/lorabench:0.1", compose)]
@@ -56,9 +57,13 @@ def test_one_valid_job_per_cell(sweep, overrides, cells):
         nproc = compose([a for a in c["args"] if not a.startswith("hydra.")]).train.nproc
         assert c["resources"]["limits"]["nvidia.com/gpu"] == nproc
         assert any(t["key"] == "nvidia.com/gpu" for t in pod["tolerations"])
+    gpus = [j["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] for j in jobs]
     if sweep == "ddp":
-        assert [j["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
-                for j in jobs] == [1, 2]
+        assert gpus == [1, 2]
+    if sweep == "fsdp":
+        assert gpus == [2, 4] and all(compose([a for a in j["spec"]["template"]["spec"]["containers"][0]["args"]
+                                                if not a.startswith("hydra.")]).train.parallel.value == "fsdp"
+                                       for j in jobs)
 
 
 def test_a_multi_node_cell_is_an_indexed_job_with_a_headless_service():

@@ -253,3 +253,37 @@ def test_the_docs_validation_tables_are_what_the_code_writes():
             stated = pj.gpu_option(tgt).validated_error_pct
             if (src, tgt) != ("h200", "a10"):  # the A10 states the H100's validation, the issue's reference
                 assert list(stated) == [med, worst]
+
+
+@pytest.mark.parametrize("profiled", [True, False], ids=["profile", "flop-count"])
+def test_a_multi_gpu_cell_projects_onto_as_many_gpus_of_each_target(profiled):
+    """The H100 seed cell made a 2-GPU cell (DDP or FSDP, one node) that scaled perfectly: twice the
+    tokens, samples and model FLOPs in the same step time. Projected, each of its ranks runs the
+    1-GPU cell's step: the same step time on every target, twice the tokens/s, at twice the price per
+    hour (the same $/1M tokens), on 2 GPUs of the target, fitting where one rank fits one GPU."""
+    import copy as copy_
+
+    one = read_result(H100 / "diagnostic/0/metrics.json")
+    if not profiled:  # the FLOP-count split (no profile)
+        one.metrics = {k: v for k, v in one.metrics.items() if not k.startswith("prof/")}
+    two = copy_.deepcopy(one)
+    two.cell = "two"
+    two.config["train"]["nproc"], two.config["train"]["parallel"] = 2, "fsdp"
+    two.metrics["dist/world_size"] = 2
+    for k in ("count/tokens_nonpad", "count/samples", "perf/model_tflops"):
+        two.metrics[k] *= 2
+    targets = [pj.gpu_option(n) for n in ("h100", "a10")]
+    rows, notes = pj.project([one, two], targets, 10_000)
+    assert not notes
+    by = {(x.cell, x.target): x for x in rows}
+    for t in ("h100", "a10"):
+        a, b = by[(one.cell, t)], by[("two", t)]
+        assert (a.gpus, b.gpus) == (1, 2) and b.on == f"2 x {t}"
+        assert b.step_time_s == pytest.approx(a.step_time_s) and b.tokens_per_s == pytest.approx(2 * a.tokens_per_s)
+        assert b.usd_per_1m_tokens == pytest.approx(a.usd_per_1m_tokens) and b.fits == a.fits
+        assert b.hours == pytest.approx(a.hours / 2) and b.usd == pytest.approx(a.usd)
+    assert "interconnect assumed of the source's kind" in by[("two", "a10")].basis
+    nodes = copy_.deepcopy(two)
+    nodes.config["train"]["nnodes"] = 2
+    rows, notes = pj.project([nodes], targets, 10_000)
+    assert not rows and "several nodes" in notes[0]

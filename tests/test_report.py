@@ -127,6 +127,25 @@ def test_knob_effects_pair_cells_that_differ_in_one_key():
     assert effects[("batch", "4", "8")]["pairs"] == 2 and len(effects) == 2  # the OOM cell pairs with nothing
 
 
+def test_scaling_table_labels_the_mode_and_compares_either_mode_with_one_gpu():
+    """1 GPU, then 2 GPUs under DDP and under FSDP: each multi-GPU row against the 1-process cell (its
+    parallel value does not matter with one process), global and per-GPU tok/s, the weights a rank holds."""
+    def r(nproc, parallel, tok, weights, usd):
+        metrics = {"perf/tokens_per_s": tok, "dist/world_size": nproc, "mem/weights_gib": weights,
+                   "mem/peak_reserved_gib": 2 * weights, "cost/usd_per_1m_tokens": usd}
+        return CellResult.from_dict({"status": "ok", "config": {"batch": 4, "train": {"nproc": nproc,
+                                                                                      "parallel": parallel}},
+                                     "metrics": metrics})
+    results = [r(1, "fsdp", 1000.0, 4.0, 1.0), r(2, "ddp", 1900.0, 4.0, 1.05), r(2, "fsdp", 1500.0, 2.0, 1.33)]
+    from lorabench.analysis import scaling_table
+
+    table = scaling_table(results, axes(results))
+    rows = [line.split(" | ") for line in table.splitlines()[2:]]
+    assert [(x[1], x[2]) for x in rows] == [("1", "1 process"), ("2", "ddp"), ("2", "fsdp")]
+    assert [x[3:6] for x in rows[1:]] == [["1,900", "950", "95.0%"], ["1,500", "750", "75.0%"]]
+    assert rows[2][7] == "2.00" and rows[2][8].startswith("$1.33")
+
+
 def test_cells_are_named_by_a_key_swept_within_each_backend(tmp_path):
     """+experiment=fast_loss_match sweeps backend x backend.upcast_fp32: four cells, four names (the keys
     a backend only sets, data.packing, stay out of them), and their loss curves compared with hf's."""

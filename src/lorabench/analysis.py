@@ -34,7 +34,8 @@ CONFIG_COLUMNS = {"model": "model.name", "precision": "precision.name", "seq_len
                   "lora_targets": "lora.target_modules", "optimizer": "optimizer.name", "lr": "optimizer.lr",
                   "backend": "backend.name", "packing": "data.packing", "gradient_checkpointing":
                   "train.gradient_checkpointing", "checkpoint_fraction": "train.checkpoint_fraction",
-                  "offload_fraction": "train.offload_fraction", "gpu": "gpu.name", "data": "data.kind", "seed": "train.seed", "nproc": "train.nproc"}
+                  "offload_fraction": "train.offload_fraction", "gpu": "gpu.name", "data": "data.kind", "seed": "train.seed", "nproc": "train.nproc",
+                  "parallel": "train.parallel"}
 TOK = "perf/tokens_per_s"
 SHAPE_ORDER = ["seq_len", "batch"]
 
@@ -291,25 +292,34 @@ def bottleneck_table(results: list[CellResult], axes_: list[str]) -> str:
                      for r in rows]) if rows else ""
 
 
+# What a multi-GPU cell changes against its 1-GPU twin: the number of processes and how they share the model.
+SCALE_KEYS = ("train.nproc", "train.parallel")
+
+
 def scaling_table(results: list[CellResult], axes_: list[str]) -> str:
-    """Multi-GPU cells against the 1-process cell with the same configuration otherwise: global
-    non-pad tokens/s, per GPU, and the scaling efficiency tok/s(N) / (N x tok/s(1))."""
-    if "train.nproc" not in axes_:
+    """Multi-GPU cells, DDP or FSDP (the mode column), against the 1-process cell with the same
+    configuration otherwise (either mode: one process is one process): global non-pad tokens/s, per GPU,
+    the scaling efficiency tok/s(N) / (N x tok/s(1)), the largest rank's peak memory and the weights it
+    holds, and $/1M non-pad tokens at N GPUs' price."""
+    if not set(SCALE_KEYS) & set(axes_):
         return ""
     ok = ok_cells(results)
 
     def rest(r):
-        return {k: v for k, v in flatten(r.config).items() if k != "train.nproc"}
+        return {k: v for k, v in flatten(r.config).items() if k not in SCALE_KEYS}
 
     rows = []
     for r in ok:
-        n = r.config["train"]["nproc"]
+        n = r.metrics.get("dist/world_size", r.config["train"]["nproc"])
+        mode = r.config["train"].get("parallel", "ddp") if n > 1 else "1 process"  # (results before fsdp: ddp)
         one = next((o for o in ok if o.config["train"]["nproc"] == 1 and rest(o) == rest(r)), None)
         tok = r.metrics[TOK]
         eff = f"{100 * tok / (n * one.metrics[TOK]):.1f}%" if one else "no 1-GPU cell"
-        rows.append([label(r, axes_), n, f"{tok:,.0f}", f"{tok / n:,.0f}", eff,
-                     num(r.metrics.get("mem/peak_reserved_gib"), ".2f")])
-    return md_table(["cell", "GPUs", "tok/s non-pad", "per GPU", "efficiency vs 1", "peak resv GiB (largest rank)"], rows)
+        rows.append([label(r, axes_), n, mode, f"{tok:,.0f}", f"{tok / n:,.0f}", eff,
+                     num(r.metrics.get("mem/peak_reserved_gib"), ".2f"), num(r.metrics.get("mem/weights_gib"), ".2f"),
+                     money(r.metrics.get("cost/usd_per_1m_tokens"))])
+    return md_table(["cell", "GPUs", "mode", "tok/s non-pad", "per GPU", "efficiency vs 1",
+                     "peak resv GiB (largest rank)", "weights GiB per rank", "$/1M tok (N GPUs)"], rows)
 
 
 def rows_kind(r: CellResult) -> str:

@@ -128,6 +128,19 @@ def check_backend(c: Config) -> None:
     if b.name is Backend.unsloth and c.train.offload_fraction:
         raise ValueError(f"train.offload_fraction={c.train.offload_fraction:g} is lorabench's offloading; "
                          "backend=unsloth runs its own (it offloads its checkpointed layers' inputs): use 0 with it")
+    if c.train.sharded and b.name is Backend.unsloth:
+        raise ValueError("train.parallel=fsdp with backend=unsloth: Unsloth trains on one GPU in a process of its "
+                         "own; use backend=hf or backend=fast with it, or train.parallel=ddp")
+    if c.train.sharded and c.precision.name is Precision.int8:
+        # bitsandbytes' int8 weights are integer tensors, which FSDP cannot split; nf4 has a float storage.
+        raise ValueError("train.parallel=fsdp with precision=int8: FSDP shards floating tensors and LLM.int8() "
+                         "weights are int8; use precision=nf4 (stored as bf16 words) or bf16, or train.parallel=ddp")
+    if c.train.sharded and c.optimizer.name in BNB_OPTIMIZERS:
+        # Measured on CPU ranks: bitsandbytes' update op "got mixed torch.Tensor and DTensor".
+        raise ValueError(f"train.parallel=fsdp with optimizer={c.optimizer.name.value}: bitsandbytes' optimizers "
+                         "update plain tensors and FSDP2 holds each adapter as a DTensor shard; use "
+                         "optimizer=adamw_torch_fused (the adapters' fp32 state is split over the GPUs) or "
+                         "train.parallel=ddp")
     for knob, on in (("fused_lora", b.fused_lora), ("fused_mlp", b.fused_mlp)):
         if on and c.precision.name is Precision.int8:
             raise ValueError(f"backend.{knob}=true runs 4-bit and 16/32-bit base layers, not precision=int8 "

@@ -75,6 +75,11 @@ class Device(Enum):
     cuda = "cuda"
 
 
+class Parallel(Enum):
+    ddp = "ddp"  # every process holds the whole model; only the adapters' gradients are all-reduced
+    fsdp = "fsdp"  # PyTorch's FSDP2 (fully_shard) through the HF Trainer: base weights sharded over the processes
+
+
 class Pricing(Enum):
     on_demand = "on_demand"
     spot = "spot"
@@ -334,6 +339,12 @@ class TrainConfig:
     # address) and this node's index: LORABENCH_NODE_RANK, a Kubernetes Indexed Job's
     # JOB_COMPLETION_INDEX or SLURM_NODEID (lorabench.distributed).
     nnodes: int = 1
+    # How the train.nproc x train.nnodes processes share the model: ddp, one whole copy per process; fsdp,
+    # each decoder layer's weights (nf4 included, stored as bf16 words so that they can be split) sharded
+    # over the processes and gathered layer by layer for its forward and backward: a model too large for
+    # one GPU trains over several (lorabench.sharding). With one process there is nothing to shard: the
+    # cell runs as a plain one-process cell.
+    parallel: Parallel = Parallel.ddp
     # Checkpoints (LoRA adapter, optimizer, scheduler, RNG states, data position; the HF Trainer's)
     # every save_steps optimizer steps in <run dir>/checkpoints (0 = none; SIGTERM still writes one).
     # Re-running the same command (same run dir) resumes from the newest complete one (resume=true)
@@ -386,6 +397,11 @@ class TrainConfig:
             raise ValueError(f"train.profile_steps must be in [0, train.max_steps - untimed steps = "
                              f"{self.max_steps} - {self.untimed}), got {self.profile_steps}: "
                              "profiled steps are not timed, so no step would be")
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the model is sharded over several processes (train.parallel=fsdp with more than one)."""
+        return self.parallel is Parallel.fsdp and self.nproc * self.nnodes > 1
 
     @property
     def untimed(self) -> int:
@@ -634,8 +650,9 @@ Options, group=option (a multirun takes several: precision=nf4,bf16):
   +experiment=  {experiments}
 
 Keys: seq_len, batch, train.max_steps, train.untimed_steps, train.gradient_checkpointing,
-train.checkpoint_fraction, train.nproc, lora.r, optimizer.lr, data.packing, gpu.price_per_hour,
-sweep.keep_going, report.dataset_samples ... (conf/train.yaml; the schemas: src/lorabench/config.py).
+train.checkpoint_fraction, train.nproc, train.parallel (ddp, fsdp), lora.r, optimizer.lr, data.packing,
+gpu.price_per_hour, sweep.keep_going, report.dataset_samples ... (conf/train.yaml; the schemas:
+src/lorabench/config.py).
 
 Exit codes: 0 ok; 1 bad command line (Hydra); 2 a cell failed (bad value, data, exception) or a
 multirun with a failed cell; 3 out of memory; 4 interrupted; 5 skipped. A multirun exits 0 when every

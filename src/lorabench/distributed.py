@@ -36,7 +36,7 @@ from lorabench.config import Config, GpuConfig, Pricing
 from lorabench.devices import node_rank
 from lorabench.metrics import summarize
 from lorabench.preemption import HANDLER as preemption
-from lorabench.results import CellInterrupted, CellResult, Status, atomic_write_text, read_result
+from lorabench.results import CellInterrupted, CellResult, CellSkipped, Status, atomic_write_text, read_result
 
 log = logging.getLogger(__name__)
 CONFIG_FILE = "cell_config.yaml"
@@ -102,22 +102,42 @@ def launch(c: Config, run_dir: Path, result: CellResult) -> dict:
         ranks.append(read_result(path) if path.exists() else CellResult(Status.failed, f"rank {r}", error="no result"))
     bad = [(r, x) for r, x in enumerate(ranks) if not x.ok]
     if bad:
-        # One rank's own failure explains the cell; the others typically died of the broken group.
-        first = next(((r, x) for r, x in bad if x.status is Status.oom), None) or next(
-            ((r, x) for r, x in bad if x.error != "no result"), bad[0])
+        first = root_cause(bad, run_dir)
         msg = f"rank {first[0]} of {world}: {first[1].error}"
         if first[1].status is Status.oom:
             raise torch.OutOfMemoryError(msg)
         if first[1].status is Status.interrupted:
             raise CellInterrupted(msg)
+        if first[1].status is Status.skipped:  # every rank refuses the same cell (lorabench.fastpath)
+            raise CellSkipped(first[1].error)
         tail = ranks_log.read_text()[-2000:]
         raise RuntimeError(f"{msg} (torchrun exit code {proc.returncode}); end of {ranks_log.name}:\n{tail}")
     result.model, result.device, result.gpu = ranks[0].model, ranks[0].device, ranks[0].gpu
-    result.dist = {"nproc": n, "nnodes": nodes, "devices": [x.device for x in ranks]}
+    result.resumed_from_step = ranks[0].resumed_from_step  # (every rank resumes from the same checkpoint)
+    result.dist = {"nproc": n, "nnodes": nodes, "parallel": c.train.parallel.value if world > 1 else "none",
+                   "devices": [x.device for x in ranks]}
     g = ranks[0].gpu  # the spec rank 0 priced its device with (devices.setup_device)
     spec = GpuConfig(name=g["name"], price_per_hour=g["price_per_hour"], spot_price_per_hour=g["spot_price_per_hour"],
                      peak_bf16_tflops=g["peak_bf16_tflops"], pricing=Pricing(g["pricing"]))
     return aggregate(ranks, spec)
+
+
+# A rank's own failure explains the cell; the others typically died of the broken group (an error of
+# their own, written later) or were stopped by torchrun once one rank had failed (SIGTERM: interrupted).
+CAUSE_ORDER = (Status.oom, Status.failed, Status.skipped, Status.interrupted)
+
+
+def root_cause(bad: list[tuple[int, CellResult]], run_dir: Path) -> tuple[int, CellResult]:
+    """The (rank, result) that explains a failed multi-process cell: out of memory first, then a failure
+    (the earliest error.rank<r>.txt of them), a refusal, an interruption; a rank without a result last."""
+    def key(rx):
+        r, x = rx
+        error_file = run_dir / f"error.rank{r}.txt"
+        when = error_file.stat().st_mtime if error_file.exists() else float("inf")
+        return (x.error == "no result", CAUSE_ORDER.index(x.status) if x.status in CAUSE_ORDER else len(CAUSE_ORDER),
+                when, r)
+
+    return min(bad, key=key)
 
 
 def aggregate(ranks: list[CellResult], gpu: GpuConfig) -> dict:
@@ -138,10 +158,10 @@ def aggregate(ranks: list[CellResult], gpu: GpuConfig) -> dict:
     out["dist/world_size"] = n
     for r, x in enumerate(ranks):
         m = x.metrics
-        for k in ("mem/peak_allocated_gib", "mem/peak_reserved_gib"):
+        for k in ("mem/peak_allocated_gib", "mem/peak_reserved_gib", "mem/weights_gib"):
             if k in m:
                 out[k.replace("mem/", f"mem/rank{r}_")] = m[k]
-    for k in ("mem/peak_allocated_gib", "mem/peak_reserved_gib", "mem/device_total_gib"):
+    for k in ("mem/peak_allocated_gib", "mem/peak_reserved_gib", "mem/device_total_gib", "mem/weights_gib"):
         values = [x.metrics[k] for x in ranks if k in x.metrics]
         if values:
             out[k] = max(values)

@@ -256,6 +256,8 @@ class Part:
     through: tuple[str, ...] = ()  # the parts it acts through: with none of them on it does nothing
     lacks: Callable[[Features, Config], Refusal | None] = _supports_all
     apply: Callable | None = None  # (model, c, device, features) -> model, at BEFORE_LORA / AFTER_LORA
+    # Why the part cannot run with the model sharded over processes (train.parallel=fsdp); "" = it can.
+    unsharded: str = ""
 
     def on(self, c: Config) -> bool:
         if self.key == "upcast_fp32":  # the part is its absence: bf16 norms and residual stream
@@ -320,6 +322,11 @@ def _apply_add_norm(model, c: Config, device: torch.device, f: Features):
 
 
 FUSED = ("fused_lora", "fused_mlp")
+# lorabench.fused reads each projection's 4-bit weight and its quant state itself, and keeps references to
+# them (absmax_cache, saved for the backward); under FSDP2 a layer's weights are a gathered copy per forward
+# whose quant state bitsandbytes' own Linear4bit restores on each call and lorabench.fused does not.
+READS_WEIGHTS = "reads each projection's 4-bit weight and quant state itself (lorabench.fused), not FSDP's " \
+                "gathered copy"
 # In the order they are applied (within a stage, top first).
 PARTS = (
     Part("expandable_segments", "the caching allocator's expandable segments", Stage.CELL, Cuda.ONLY),
@@ -332,9 +339,10 @@ PARTS = (
          "architecture (LIGER)", Stage.BEFORE_LORA, Cuda.REQUIRED, lacks=_liger_lacks, apply=_apply_liger),
     Part("upcast_fp32", "(false) norms, embeddings and head kept in bf16: a bf16 residual stream", Stage.LORA),
     Part("fused_lora", "the attention's projections and adapters in one autograd Function per group "
-         "(lorabench.fused)", Stage.AFTER_LORA, lacks=_attention_lacks, apply=_apply_fused_lora),
+         "(lorabench.fused)", Stage.AFTER_LORA, lacks=_attention_lacks, apply=_apply_fused_lora,
+         unsharded=READS_WEIGHTS),
     Part("fused_mlp", "the MLP's projections through the same Function", Stage.AFTER_LORA, lacks=_mlp_lacks,
-         apply=_apply_fused_mlp),
+         apply=_apply_fused_mlp, unsharded=READS_WEIGHTS),
     Part("fused_add_norm", "the attention's residual add inside the next RMSNorm (Liger's fused add + RMSNorm "
          "on CUDA; lorabench.norm_kernels)", Stage.AFTER_LORA, Cuda.FALLBACK, lacks=_add_norm_lacks,
          apply=_apply_add_norm),
@@ -348,9 +356,11 @@ PARTS = (
          Stage.KERNEL, Cuda.FALLBACK, through=("fused_lora",)),
     Part("swiglu_in_gemm", "SwiGLU's backward in the down projection's GEMM, where down has no adapter",
          Stage.KERNEL, Cuda.ONLY, through=("fused_mlp",)),
-    Part("flat_optimizer", "the adapters updated as one flat tensor (lorabench.flat_optim)", Stage.TRAINER),
+    Part("flat_optimizer", "the adapters updated as one flat tensor (lorabench.flat_optim)", Stage.TRAINER,
+         unsharded="makes the adapters views of one flat tensor; FSDP2 holds each as a DTensor shard of its own"),
     Part("lean_step", "the Trainer's per-step host work cut (lorabench.meter.lean_step)", Stage.TRAINER),
-    Part("compile", "torch.compile of each decoder layer", Stage.COMPILE),
+    Part("compile", "torch.compile of each decoder layer", Stage.COMPILE,
+         unsharded="compiles each decoder layer before the Trainer wraps it in FSDP2; that order is not checked"),
 )
 
 
@@ -365,11 +375,23 @@ def _triton_interpreter() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def check_sharded(c: Config) -> None:
+    """With the model sharded (train.parallel=fsdp over several processes): refuse a part that cannot run
+    so (CellSkipped, exit 5), by name, before any process starts."""
+    if not c.train.sharded:
+        return
+    for part in parts_on(c):
+        if part.unsharded:
+            raise CellSkipped(f"backend={c.backend.name.value}: {part.key} {part.unsharded}; it cannot run with "
+                              f"train.parallel=fsdp (use train.parallel=ddp, or backend.{part.key}=false)")
+
+
 def check_parts(c: Config, hf, device: torch.device) -> None:
     """Before the model is built: refuse a part that cannot compute this architecture's model (CellSkipped:
     status skipped, exit 5, one line naming the part and the feature it lacks; on any device, as the same
     cell would be on any other), then one that needs CUDA or a package missing here (RuntimeError); log
     the parts that have nothing to act through."""
+    check_sharded(c)
     name, f, on = c.backend.name.value, features(hf), parts_on(c)
     for part in on:
         refusal = part.lacks(f, c)

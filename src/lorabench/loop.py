@@ -18,7 +18,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PrinterCallback, TrainerCallback, TrainingArguments
 
-from lorabench import backends, checks, data, distributed, fastpath, modeling
+from lorabench import backends, checks, data, distributed, fastpath, modeling, sharding
 from lorabench.config import Backend, Config, GpuConfig, Precision
 from lorabench.devices import setup_device
 from lorabench.guard import Guard
@@ -65,7 +65,10 @@ def _measure(c: Config, run_dir: Path, result: CellResult, logger: MetricLogger,
     steps_file = run_dir / ("steps.jsonl" if rank == 0 else f"steps.rank{rank}.jsonl")
     resume = resume_state(c, ckpt_dir, steps_file, result)
     watch = watch_training(c, device, run_dir, steps_file, resume, logger, rank)
-    trainer = MeasuredTrainer(model=model, args=training_arguments(c, device, ckpt_dir), train_dataset=dataset,
+    # FSDP's unit, with train.parallel=fsdp over several processes: the decoder layer's class
+    layer_class = type(fastpath.decoder_layers(model)[0]).__name__ if c.train.sharded else ""
+    trainer = MeasuredTrainer(model=model, args=training_arguments(c, device, ckpt_dir, layer_class),
+                              train_dataset=dataset,
                               data_collator=data.build_collator(c, tokenizer), callbacks=watch.callbacks,
                               meter=watch.meter, flat_optimizer=c.backend.flat_optimizer,
                               lean_step=c.backend.lean_step)
@@ -148,8 +151,9 @@ def watch_training(c: Config, device: torch.device, run_dir: Path, steps_file: P
     return Watch(meter, sampler, guard, profiler, callbacks)
 
 
-def training_arguments(c: Config, device: torch.device, ckpt_dir: Path) -> TrainingArguments:
-    """The HF Trainer's arguments: the seed's recipe from the cell's config."""
+def training_arguments(c: Config, device: torch.device, ckpt_dir: Path, layer_class: str = "") -> TrainingArguments:
+    """The HF Trainer's arguments: the seed's recipe from the cell's config; with train.parallel=fsdp over
+    several processes, FSDP2 with one unit per decoder layer of class `layer_class` (lorabench.sharding)."""
     p = c.precision.name
     args = TrainingArguments(
         output_dir=str(ckpt_dir),
@@ -180,7 +184,9 @@ def training_arguments(c: Config, device: torch.device, ckpt_dir: Path) -> Train
         save_total_limit=2,  # the newest and the one before, in case the newest is half-written
         report_to="none",
         disable_tqdm=True,
+        **(sharding.trainer_arguments(layer_class) if c.train.sharded else {}),
     )
+    sharding.set_mixed_precision(args)
     if device.type == "cuda" and c.train.nproc == 1:
         # One process on a node with several GPUs: the Trainer would wrap the model in
         # nn.DataParallel over all of them (and multiply the batch by their number). A cell uses
@@ -225,6 +231,7 @@ def collect_metrics(c: Config, device: torch.device, gpu: GpuConfig, model, para
     metrics.update(data_stats)
     metrics.update(memory_stats(device))
     metrics["host/rss_peak_gib"] = watch.guard.peak_gib  # this process and its workers, sampled every 0.1 s
+    metrics["mem/weights_gib"] = sharding.held_bytes(model) / 2**30  # this process's (FSDP: its shards)
     if getattr(model, "lorabench_offloader", None) is not None:  # train.offload_fraction > 0
         metrics.update(model.lorabench_offloader.metrics())
     if watch.sampler:
@@ -239,7 +246,7 @@ def build_trainable_model(c: Config, device: torch.device):
     kernels, LoRA adapters, activation checkpointing, compilation; ready for the Trainer."""
     if c.backend.name is Backend.unsloth:
         return backends.build_unsloth(c, device)  # Unsloth's loader and LoRA do all of it
-    model, weights = modeling.build_model(c, device)
+    model, weights = modeling.build_model(c, device, sharded=c.train.sharded)
     model = fastpath.apply(model, c, device, fastpath.Stage.BEFORE_LORA)  # Liger's ops before LoRA wraps layers
     model = modeling.apply_lora(model, c.lora, c.precision.name, c.train.gradient_checkpointing,
                                 c.backend.upcast_fp32)

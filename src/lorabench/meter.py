@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from transformers import Trainer, TrainerCallback
 
-from lorabench import flat_optim
+from lorabench import flat_optim, sharding
 from lorabench.data import REAL_TOKENS
 from lorabench.devices import sync
 
@@ -26,6 +26,10 @@ class MeasuredTrainer(Trainer):
                  **kwargs):
         super().__init__(*args, **kwargs)
         self.meter, self.flat_optimizer, self.lean_step = meter, flat_optimizer, lean_step
+
+    def create_accelerator_and_postprocess(self) -> None:
+        super().create_accelerator_and_postprocess()
+        sharding.enable_on_cpu(self)  # train.parallel=fsdp on CPU processes (the tests' gloo ranks)
 
     def create_optimizer(self, model=None):
         fresh = self.optimizer is None

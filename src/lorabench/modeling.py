@@ -71,13 +71,17 @@ def save_fast_tokenizer(model_cfg: ModelConfig, directory: Path) -> None:
     LlamaTokenizer(vocab=spm["vocab"], merges=spm["merges"]).save_pretrained(directory)
 
 
-def quantization_config(precision: Precision, double_quant: bool):
+def quantization_config(precision: Precision, double_quant: bool, sharded: bool = False):
+    """bitsandbytes' config for a quantised precision (None otherwise). sharded (train.parallel=fsdp): the
+    packed 4-bit weights stored as bf16 words, 2 bytes = 4 weights, instead of uint8, so that FSDP can
+    split and all-gather them as a floating tensor; the same bits, dequantised the same way."""
     from transformers import BitsAndBytesConfig
 
     if precision is Precision.nf4:
+        storage = {"bnb_4bit_quant_storage": torch.bfloat16} if sharded else {}
         return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
                                   bnb_4bit_use_double_quant=double_quant,
-                                  bnb_4bit_compute_dtype=torch.bfloat16)
+                                  bnb_4bit_compute_dtype=torch.bfloat16, **storage)
     if precision is Precision.int8:
         return BitsAndBytesConfig(load_in_8bit=True)
     return None
@@ -127,15 +131,17 @@ def random_state_dict(skeleton, device: torch.device) -> dict[str, RandomWeight]
     return weights
 
 
-def build_model(cfg: Config, device: torch.device):
-    """Base model at the cell's precision on `device`. Returns (model, weights) where weights
-    says where the weights came from ("random_init" or the path)."""
+def build_model(cfg: Config, device: torch.device, sharded: bool = False):
+    """Base model at the cell's precision on `device` (cfg: a training cell's or bench.py's config).
+    Returns (model, weights) where weights says where the weights came from ("random_init" or the
+    path). sharded: for FSDP (train.parallel=fsdp), nf4 stored as bf16 words (quantization_config)."""
     from transformers import AutoModelForCausalLM
 
     precision = cfg.precision.name
     dtype = WEIGHT_DTYPE[precision]
-    quant = quantization_config(precision, cfg.precision.double_quant)
-    # device_map pins every weight to this cell's device (one full copy per rank under DDP).
+    quant = quantization_config(precision, cfg.precision.double_quant, sharded)
+    # device_map pins every weight to this cell's device (one full copy per rank under DDP; under FSDP
+    # too until the Trainer's fully_shard keeps each rank's 1/N of it: the load's peak is the whole model).
     device_map = {"": device}
 
     if cfg.model.path:

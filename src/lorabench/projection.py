@@ -27,6 +27,14 @@ projected figure is a range, slowest rates to fastest, with the target's validat
 (conf/gpu `validated_error_pct`). Memory: a cell fits a target when its measured peak reserved memory
 plus margin_gib(target) (CUDA context, which differs by card, and an allocator allowance) is within
 the target's memory.
+Several GPUs (a DDP or FSDP cell on one node, train.nproc = N): projected onto N GPUs of each target, each
+rank's step as above (FLOPs and tokens per rank: the cell's totals over N), at N GPUs' price, fitting where
+its largest rank's peak fits one target GPU. The interconnect is assumed to be of the same kind as the
+source's (NVLink to NVLink, PCIe to PCIe): the collectives (DDP's all-reduce of the adapters' gradients,
+FSDP's all-gathers of each layer's weights and reduce-scatters) keep the share of the step they had, inside
+the parts they overlapped or waited in, and are not scaled by any link figure. A faster GPU on the same
+links therefore comes out optimistic for a communication-bound FSDP cell. Cells over several nodes (the
+network between them) are left out.
 
 What the model leaves out: a different host CPU (unless measured), kernels that differ between
 architectures (FlashAttention versions, cuBLAS heuristics at one shape), a power limit that also
@@ -42,7 +50,7 @@ import functools
 import io
 import math
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -76,7 +84,7 @@ COLUMNS = ("cell", "source", "target", "measured", "step_time_s", "tokens_per_s"
            "tokens_per_s_high", "samples_per_s", "samples_per_s_low", "samples_per_s_high", "fits",
            "peak_reserved_gib", "target_memory_gib", "margin_gib", "usd_per_1m_tokens", "usd_per_1m_tokens_low",
            "usd_per_1m_tokens_high", "usd_per_1m_tokens_spot", "hours", "hours_low", "hours_high", "usd",
-           "usd_spot", "expected_error", "basis")
+           "usd_spot", "expected_error", "basis", "gpus")
 Range = tuple[float, float, float]  # low, expected, high
 
 
@@ -273,9 +281,17 @@ class Step:
     basis: str
 
 
+def world_size(r: CellResult) -> int:
+    """The GPUs a cell ran on: train.nproc x train.nnodes (its ranks)."""
+    t = r.config.get("train", {})
+    return r.metrics.get("dist/world_size", t.get("nproc", 1) * t.get("nnodes", 1))
+
+
 def step_parts(r: CellResult, src: Gpu) -> Step:
+    """The cell's mean timed step; for a multi-GPU cell, as one rank's (its FLOPs are the cell's over N;
+    tokens and samples stay the cell's, all ranks')."""
     m, c = r.metrics, r.config
-    steps = m["count/timed_steps"]
+    steps, n = m["count/timed_steps"], world_size(r)
     t = m["time/window_s"] / steps
     common = dict(seconds=t, rows=c["batch"] * c["seq_len"], tokens=m["count/tokens_nonpad"] / steps,
                   samples=m["count/samples"] / steps, peak_gib=m.get("mem/peak_reserved_gib"))
@@ -296,6 +312,7 @@ def step_parts(r: CellResult, src: Gpu) -> Step:
         # (the active weights: an MoE layer recomputes only the experts its tokens run through)
         flops += 2 * m.get("params/active_matmul", m["params/base_matmul"]) * common["tokens"] \
             * tr.get("checkpoint_fraction", 1.0)
+    flops /= n  # one rank's share: each runs its own batch at the same time
     compute = min(t, flops / (src.matmul_tflops(common["rows"], src) * 1e12))
     return Step(compute=compute, memory=t - compute, data=0.0, host=0.0,
                 basis="FLOP count (no profile; the rest taken as memory-bound)", **common)
@@ -329,6 +346,12 @@ class Row:
     usd_spot: float | None
     expected_error: str
     basis: str
+    gpus: int = 1  # GPUs of the target: the cell's train.nproc
+
+    @property
+    def on(self) -> str:
+        """The target in words: "a10", or "4 x a10" for a multi-GPU cell."""
+        return self.target if self.gpus == 1 else f"{self.gpus} x {self.target}"
 
 
 @dataclass(frozen=True)
@@ -358,7 +381,8 @@ def project_step(s: Step, src: Gpu, tgt: Gpu) -> Projected:
 
 
 def project(results: list[CellResult], targets: list[Gpu], dataset_samples: int) -> tuple[list[Row], list[str]]:
-    """Every ok single-GPU cell onto every target: rows, and a note for each cell left out."""
+    """Every ok cell of one node (1 GPU, or N under DDP or FSDP: onto N of each target) onto every target:
+    rows, and a note for each cell left out."""
     gpus = [gpu_option(n) for n in projectable()]
     rows, notes = [], []
     for r in results:
@@ -369,18 +393,22 @@ def project(results: list[CellResult], targets: list[Gpu], dataset_samples: int)
             notes.append(f"{r.cell}: ran on {(r.gpu or {}).get('device_name', r.device)}, which no conf/gpu option "
                          "with figures matches: not projected")
             continue
-        if r.config.get("train", {}).get("nproc", 1) > 1 or r.config.get("train", {}).get("nnodes", 1) > 1:
-            notes.append(f"{r.cell}: several GPUs (DDP): not projected (the model is for one GPU)")
+        if r.config.get("train", {}).get("nnodes", 1) > 1:
+            notes.append(f"{r.cell}: several nodes: not projected (the network between nodes is not modelled)")
             continue
-        s = step_parts(r, src)
-        rows += [row(r.cell, s, src, tgt, dataset_samples) for tgt in targets]
+        s, n = step_parts(r, src), world_size(r)
+        rows += [row(r.cell, s, src, tgt, dataset_samples, n) for tgt in targets]
     return rows, notes
 
 
-def row(cell: str, s: Step, src: Gpu, tgt: Gpu, dataset_samples: int) -> Row:
+def row(cell: str, s: Step, src: Gpu, tgt: Gpu, dataset_samples: int, n: int = 1) -> Row:
+    """One cell on one target; n > 1: a cell of n GPUs onto n of the target's, at n GPUs' price."""
     p = project_step(s, src, tgt)
+    if n > 1:
+        p = replace(p, basis=p.basis + f"; {n} GPUs, interconnect assumed of the source's kind "
+                                "(collectives not scaled)")
     hours = lambda t: dataset_samples * t / s.samples / 3600  # noqa: E731
-    per_1m = lambda price, t: None if price is None else price / 3600 * t / s.tokens * 1e6  # noqa: E731
+    per_1m = lambda price, t: None if price is None else n * price / 3600 * t / s.tokens * 1e6  # noqa: E731
     margin = margin_gib(tgt)
     measured = tgt.name == src.name
     return Row(
@@ -393,9 +421,9 @@ def row(cell: str, s: Step, src: Gpu, tgt: Gpu, dataset_samples: int) -> Row:
         usd_per_1m_tokens=per_1m(tgt.price, p.expected), usd_per_1m_tokens_low=per_1m(tgt.price, p.fast),
         usd_per_1m_tokens_high=per_1m(tgt.price, p.slow), usd_per_1m_tokens_spot=per_1m(tgt.spot, p.expected),
         hours=hours(p.expected), hours_low=hours(p.fast), hours_high=hours(p.slow),
-        usd=None if tgt.price is None else tgt.price * hours(p.expected),
-        usd_spot=None if tgt.spot is None else tgt.spot * hours(p.expected),
-        expected_error="measured" if measured else expected_error(tgt), basis=p.basis)
+        usd=None if tgt.price is None else n * tgt.price * hours(p.expected),
+        usd_spot=None if tgt.spot is None else n * tgt.spot * hours(p.expected),
+        expected_error="measured" if measured else expected_error(tgt), basis=p.basis, gpus=n)
 
 
 def cheapest(rows: list[Row], spot: bool = False) -> Row | None:
@@ -445,8 +473,8 @@ def matrix_table(rows: list[Row]) -> str:
         by = {r.target: r for r in mine}
         cells_ = [("no fit" if not by[t].fits else money_range(by[t])) if t in by else "-" for t in targets]
         best, best_spot = cheapest(mine), cheapest(mine, spot=True)
-        out.append([c, *cells_, f"{best.target} {money(best.usd_per_1m_tokens)}" if best else "-",
-                    f"{best_spot.target} {money(best_spot.usd_per_1m_tokens_spot)}" if best_spot else "-"])
+        out.append([c, *cells_, f"{best.on} {money(best.usd_per_1m_tokens)}" if best else "-",
+                    f"{best_spot.on} {money(best_spot.usd_per_1m_tokens_spot)}" if best_spot else "-"])
     heads = [f"{t} ({short_error(rows, t)})" for t in targets]
     return md_table(["cell", *heads, "cheapest (on demand)", "cheapest (spot)"], out)
 
@@ -462,9 +490,9 @@ def summary(rows: list[Row], notes: list[str], dataset_samples: int) -> str:
              "USD per 1M non-pad tokens: * measured on that GPU; every other figure projected, expected "
              "(range from the slowest to the fastest rates of the target's sources), its validated error in "
              "the column's header (lorabench.projection; projection.csv gives each one's basis).",
-             f"Overall cheapest on demand: {best.cell} on {best.target}, {money(best.usd_per_1m_tokens)} per 1M tokens, "
+             f"Overall cheapest on demand: {best.cell} on {best.on}, {money(best.usd_per_1m_tokens)} per 1M tokens, "
              f"{best.hours:.2f} h{rng(best)} and {money(best.usd)} for {dataset_samples:,} samples." if best else None,
-             f"Overall cheapest on spot: {spot.cell} on {spot.target}, {money(spot.usd_per_1m_tokens_spot)} per 1M "
+             f"Overall cheapest on spot: {spot.cell} on {spot.on}, {money(spot.usd_per_1m_tokens_spot)} per 1M "
              f"tokens, {money(spot.usd_spot)} for {dataset_samples:,} samples." if spot else None]
     sources = {r.source for r in rows}
     targets = {r.target: r.basis.split("target figures: ")[-1] for r in rows if not r.measured}

@@ -44,7 +44,7 @@ def sections(results: list[CellResult], axes_: list[str], cfg: ReportConfig, cur
         "Loss curves against the reference cell (same data, same order)": an.loss_match_table(axes_, curves),
         "Where the step time goes (% of a profiled step)": an.bottleneck_table(results, axes_),
         "What fits (largest batch per seq_len)": an.fit_table(grid) if grid else "",
-        "Scaling over GPUs (DDP)": an.scaling_table(results, axes_),
+        "Scaling over GPUs (DDP, FSDP)": an.scaling_table(results, axes_),
         f"Projection for {cfg.dataset_samples:,} samples": an.projection_table(results, axes_, cfg),
     }
     return {title: text for title, text in out.items() if text}

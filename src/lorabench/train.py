@@ -11,8 +11,8 @@ import logging
 
 from omegaconf import DictConfig
 
-from lorabench import backends, cell, checks
-from lorabench.config import Backend, Config
+from lorabench import backends, cell, checks, fastpath
+from lorabench.config import Backend, Config, Parallel
 from lorabench.devices import resolve_device
 from lorabench.loggers import MetricLogger
 from lorabench.results import CellResult, CellSkipped, RunContext, Status, flatten, load_results
@@ -35,10 +35,13 @@ def train_and_measure(c: Config, ctx: RunContext, result: CellResult, logger: Me
     # so that the next cell of a sweep (backend=hf, say) does not run Unsloth's code.
     if c.backend.name is Backend.unsloth:
         backends.check(c, resolve_device(c.train.device))  # skipped here when it is not installed
+    fastpath.check_sharded(c)  # a part that cannot run under FSDP: skipped before N processes start
     # The training code (transformers, PEFT, bitsandbytes: 5 s of imports on a CPU) is imported only
     # now, so a bad value above fails a cell in a second or two.
     from lorabench import distributed, loop
 
+    if c.train.parallel is Parallel.fsdp and not c.train.sharded:
+        log.info("train.parallel=fsdp with one process: nothing to shard, a plain one-process cell")
     if c.train.nproc > 1 or c.train.nnodes > 1 or c.backend.name is Backend.unsloth:
         return distributed.launch(c, ctx.run_dir, result)
     metrics = loop.measure(c, ctx.run_dir, result, logger)

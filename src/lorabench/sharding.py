@@ -1,0 +1,84 @@
+"""train.parallel=fsdp: the cell's model sharded over its processes with PyTorch's FSDP2 (fully_shard),
+through the HF Trainer's own FSDP support (accelerate's fsdp2_prepare_model does the wrapping).
+
+Why FSDP2 through the Trainer and not DeepSpeed ZeRO-3: the cell already trains with the Trainer and
+accelerate, which wrap each decoder layer with fully_shard from TrainingArguments(fsdp=...) alone; ZeRO-3
+would add a package and a JSON config for the same sharding, and its 4-bit support goes through the
+same bitsandbytes quant-storage trick. What is sharded: every parameter of each decoder layer (its own
+FSDP unit), the embeddings, and the final norm with the output head (one unit), each split in dim 0
+over the processes. The nf4 weights are stored as bf16 words (bnb_4bit_quant_storage, lorabench.modeling)
+so that they are a floating tensor FSDP can split and all-gather; their quantisation constants stay whole
+on every process (bitsandbytes keeps them on the module). A layer's weights are gathered before its
+forward, freed after it, and gathered again for its backward; the adapters' gradients are
+reduce-scattered. Each process keeps 1/N of the weights and of the adapters' optimizer state between
+layers.
+
+Arithmetic: nothing is cast by FSDP (MixedPrecisionPolicy() with no dtypes): the Trainer's autocast casts
+for the matmuls as it does in one process and under DDP, and gradients are reduced in their own dtype
+(fp32 adapters), so the cell computes what its DDP twin computes, up to the order of the sums.
+
+Checkpoints: SHARDED_STATE_DICT with the adapters only (the Trainer's adapter_only): each process writes
+its shards of the adapters and their optimizer state with torch.distributed.checkpoint, never the frozen
+base, and a re-run loads them back (lorabench.loop's resume).
+
+On CPU: accelerate 1.15 turns FSDP on only for accelerator devices (accelerate/state.py enables its
+fsdp_plugin for MULTI_GPU, MULTI_XPU, ... and not MULTI_CPU), while FSDP2 itself runs on CPU processes
+over gloo (torch 2.13). `enable_on_cpu` sets accelerate's state to FSDP there, so that the tests' CPU
+ranks run the same wrapping, step and checkpoint code as CUDA ranks do.
+"""
+
+from __future__ import annotations
+
+import logging
+
+log = logging.getLogger(__name__)
+
+
+def trainer_arguments(layer_class: str) -> dict:
+    """TrainingArguments keys for an FSDP2 cell whose decoder layers are of class `layer_class`."""
+    return dict(fsdp=True, fsdp_config={
+        "version": 2,
+        "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        "transformer_layer_cls_to_wrap": [layer_class],  # one FSDP unit per decoder layer
+        # Gathered again for the backward: only one layer's whole weights at a time (the point of sharding).
+        "reshard_after_forward": True,
+        "state_dict_type": "SHARDED_STATE_DICT",
+        # Each process builds its model on its own device (lorabench.modeling); accelerate skips its
+        # meta-device loading for 4-bit weights anyway (fsdp_utils.fsdp2_prepare_model).
+        "cpu_ram_efficient_loading": False,
+    })
+
+
+def set_mixed_precision(args) -> None:
+    """FSDP2 casts nothing (see the module's docstring): the Trainer builds accelerate's plugin from
+    args.fsdp_plugin_args, where a policy set beforehand wins over the bf16 one accelerate would choose
+    (param_dtype and reduce_dtype bf16: the fp32 norms and adapters cast, gradients reduced in bf16)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if args.fsdp_plugin_args is not None:
+        args.fsdp_plugin_args["mixed_precision_policy"] = MixedPrecisionPolicy()
+
+
+def enable_on_cpu(trainer) -> None:
+    """After the Trainer made its Accelerator: on CPU processes, accelerate's state set to FSDP with the
+    plugin the Trainer would have passed (see the module's docstring). Nothing on CUDA."""
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+    state = trainer.accelerator.state
+    if trainer.args.fsdp_plugin_args is None or getattr(state, "fsdp_plugin", None) is not None:
+        return
+    if state.distributed_type is not DistributedType.MULTI_CPU:
+        raise RuntimeError(f"train.parallel=fsdp: accelerate did not turn FSDP on for {state.distributed_type}")
+    state.fsdp_plugin = FullyShardedDataParallelPlugin(**trainer.args.fsdp_plugin_args)
+    state.distributed_type = DistributedType.FSDP
+    trainer.is_fsdp_enabled = True
+    log.info("FSDP2 on CPU processes (gloo): accelerate's state set to FSDP")
+
+
+def held_bytes(model) -> int:
+    """Bytes of parameters this process holds: under FSDP its shards (a DTensor's local part), else
+    every parameter whole. Between layers an FSDP rank holds about 1/N of the model's."""
+    from torch.distributed.tensor import DTensor
+
+    local = (p.to_local() if isinstance(p, DTensor) else p for p in model.parameters())
+    return sum(t.numel() * t.element_size() for t in local)
