@@ -250,6 +250,11 @@ def words(layout: str) -> str:
 TUNE = "2026-11-25_tune_s512"
 TUNES = {512: TUNE, 1024: "2026-11-25_tune_s1024"}  # +experiment=tune at c836200 (s512) and 50f810d (s1024)
 MODELS = "2026-11-25_models_s1024"
+SEARCHED = "2026-11-25_models_search"  # +experiment=tune per model at 1af9354 (m1), 0dfe29b (m2), 3bc030e (m3, u, big)
+# model -> (hf's search, fast's search, one run or two): the sweep dirs under SEARCHED (their part in log_<part>.txt)
+MODEL_SEARCHES = {"llama-3.1-8b": ("llama-3.1-8b", "llama-3.1-8b", "m1"), "qwen2.5-7b": ("qwen2.5-7b", "qwen2.5-7b", "m2"),
+                  "qwen3-8b": ("qwen3-8b_hf", "qwen3-8b", "m3 / m2"), "gemma-2-9b": ("gemma-2-9b", "gemma-2-9b_fast",
+                                                                                   "m2 / m3")}
 
 
 def search_section(seq: int) -> str:
@@ -290,6 +295,64 @@ def models_section() -> str:
         f"with backend.varlen_attention=false backend.fused_add_norm=false). Table: {cmd('models')}"])
 
 
+def searched_best(dir_: str, backend: str) -> dict:
+    """One backend's best of a search under SEARCHED: tok/s, layout, peak GiB, MFU %. A search cut short by its
+    command's time limit writes no search.json: then the fastest of the cells it ran, marked so."""
+    d = RUNS / SEARCHED / dir_
+    recs = [r for r in load_searches(d) if r.backend == backend] if (d / "search.json").exists() else []
+    if recs:
+        b = recs[0].best
+        m = json.loads((d / str(b.job) / "metrics.json").read_text())["metrics"]
+        return dict(tok=b.tok_s, layout=f"b{b.batch} {b.layout}", peak=b.peak_gib, mfu=m.get("perf/mfu_pct"))
+    cells = [r for r in load_cells(d) if r.config["backend"]["name"] == backend]
+    best = max((r for r in cells if r.ok), key=lambda r: r.metrics["perf/tokens_per_s"])
+    m = best.metrics
+    return dict(tok=m["perf/tokens_per_s"], peak=m["mem/peak_reserved_gib"], mfu=m.get("perf/mfu_pct"),
+                layout=f"{an.layout_name(best)} (search cut short after {len(cells)} cells)")
+
+
+def model_search_section() -> str:
+    """Each model's hf and fast searched within 22 GiB at seq 1024 (one H100), and Llama-3.3-70B on an H200."""
+    head = ["model", "hf's best: layout", "tok/s", "MFU %", "peak GiB", "fast's best: layout", "tok/s", "MFU %",
+            "peak GiB", "fast / hf", "run"]
+    rows = []
+    for model, (hf_dir, fast_dir, run) in MODEL_SEARCHES.items():
+        h, f = searched_best(hf_dir, "hf"), searched_best(fast_dir, "fast")
+        same = "/" not in run
+        rows.append([model, h["layout"], f"{h['tok']:,.0f}", f"{h['mfu']:.1f}", f"{h['peak']:.1f}", f["layout"],
+                     f"{f['tok']:,.0f}", f"{f['mfu']:.1f}", f"{f['peak']:.1f}",
+                     f"{f['tok'] / h['tok']:.2f}x" + ("" if same else " (two runs)"), run])
+    d = RUNS / SEARCHED
+    big = load_cells(d / "llama-3.3-70b")
+    uns = sorted((r for r in load_cells(d / "mistral_s512_unsloth") if r.ok), key=lambda r: -r.metrics["perf/tokens_per_s"])
+    unsloth = "; ".join(f"{an.layout_name(r)} {r.metrics['perf/tokens_per_s']:,.0f} tok/s" for r in uns)
+    return "\n".join([
+        "### Each model's best within 22 GiB, seq 1024, fixed-length rows (one H100 per run)", "",
+        an.md_table(head, rows), "",
+        "Each backend's best of `+experiment=tune` (lorabench.search: at most 10 measured cells per backend, 14 steps of "
+        "which 4 untimed) for each model, Llama-3, Qwen2.5, Qwen3 and Gemma-2 architectures with random weights (speed "
+        "and memory hold, not quality); nf4, LoRA r16 on q/k/v/o, dropout 0.05, paged_adamw_8bit. fast on Gemma-2 runs "
+        "with fused_add_norm and varlen_attention off (its sandwich norms and soft-capped attention: with them on the "
+        "cell is skipped, exit 5). Runs m1 and m2 are one H100 each, m3 another: where the two bests come from two runs "
+        "the ratio says so (the same GPU kind, not the same run). gemma-2-9b's hf search was cut by m2's time limit after 5 "
+        "cells (4 out of memory; the layouts it did not reach recompute 0.5 of the layers, at batch 1-2, where 0.25 "
+        "recomputed was out of memory at batch 1 and every layer recomputed at batch 2 took 21.1 GiB); qwen3-8b's hf search in m2 skipped batch 4 on a wrong "
+        "memory estimate (fixed in 3bc030e, then searched again in m3); gemma-2-9b's fast search did not fit in m2's "
+        "time. Unsloth's search of llama-3.1-8b failed: its loader reads a folder with a tokenizer, and Llama-3's "
+        "tokenizer package (llama-models) was not on the GPU machine, so no Unsloth figure is given per model. Unsloth's "
+        f"search of Mistral-7B at seq 512 (run u) was cut by the time limit after {len(uns)} cells (each Unsloth cell "
+        f"loads the model in a process of its own): {unsloth}; not a finished search, and not in the same run as any "
+        "fast figure. Every cell each search tried: search.json and results.md in each sweep dir.", "",
+        "### Llama-3.3-70B nf4 on one H200 (whole GPU), seq 1024, batch 8, every layer recomputed", "",
+        short_table(big, an.axes(big)), "",
+        "One cell per backend, not searched (the same layout for both). hf's peak (81.9 GiB reserved) does not fit an "
+        "80 GB card; fast's (50.3 GiB) does. Where each fits and what it costs, projected from this H200 cell "
+        "(`python bench.py suite=project sweep_dir=docs/runs/2026-11-25_models_search/llama-3.3-70b`):", "",
+        (d / "llama-3.3-70b" / "projection.md").read_text().split("\n\n")[0], "",
+        f"Run dir: [runs/{SEARCHED}](runs/{SEARCHED}) (`bash docs/runs/scripts/2026-11-25_models.sh <commit> "
+        f"m1|m2|m3|u|big`: every command is in the script). Table: {cmd('model_search')}"])
+
+
 def glance() -> str:
     """README's few lines: the seq 512 budget table's cells and the whole-GPU cell, with what each counts."""
     rows = final.group("s512/fixed")
@@ -301,6 +364,7 @@ def glance() -> str:
     nu = sum(r["backend"] == "unsloth" for r in rows)
     w = final.group("whole/auto")
     wf, wu = final.best(w, "fast"), final.best(w, "unsloth")
+    big = {r.config["backend"]["name"]: r.metrics["perf/tokens_per_s"] for r in load_cells(RUNS / SEARCHED / "llama-3.3-70b")}
     return "\n".join([
         f"- Searched, within 22 GiB on one H100, seq 512, fixed-length rows (`+experiment=tune`, 12 cells per backend): "
         f"fast's best {tf:,.0f} non-pad tokens/s ({an.layout_name(best['fast'])}), hf's best {th:,.0f} "
@@ -311,6 +375,12 @@ def glance() -> str:
         f"were not searched: fast is {f['tok'] / h['tok']:.2f}x hf's seed cell, not a searched best.",
         f"- The whole H200 at seq 512, nothing recomputed: fast {wf['tok']:,.0f} non-pad tokens/s ({wf['mfu']:.1f}% MFU), "
         f"Unsloth's one cell {wu['tok']:,.0f}.",
+        "- Per model, searched within 22 GiB at seq 1024 on one H100, fast's best over hf's best: " + ", ".join(
+            f"{m} {searched_best(f, 'fast')['tok'] / searched_best(h, 'hf')['tok']:.2f}x"
+            + ("" if "/" not in run else " (two runs" + ("; hf's search cut short)" if "cut short" in
+                                                          searched_best(h, "hf")["layout"] else ")"))
+            for m, (h, f, run) in MODEL_SEARCHES.items()) + ". Llama-3.3-70B nf4 on one H200: fast "
+        f"{big['fast']:,.0f} tokens/s, hf {big['hf']:,.0f} (one cell each, batch 8 at seq 1024, not searched).",
         "- Every table, what it counts and the command that prints it: [docs/results.md](docs/results.md)."])
 
 
@@ -334,12 +404,12 @@ seq 2048), and Unsloth two batch sizes with every layer recomputed (its own defa
 those cells, not against their best: hf with fewer layers recomputed or a larger batch may be faster (at seq 512 its
 batch 16 also fits in 22 GiB, see "What fits" below), and so may Unsloth with fewer layers recomputed.
 
-## Newest: searched bests (commits c836200 and 50f810d) and other models (commit 2e36e96)"""
+## Newest: each model's searched best, Llama-3.3-70B (commit 3bc030e), searched bests of Mistral-7B (c836200, 50f810d)"""
 CURRENT = """## hf, fast and Unsloth on the same rows (commit 22c8b76)
 
 Unsloth runs only on the fixed-length rows: its patched attention is not known to keep packed samples apart."""
 
-SECTIONS = {"search512": lambda: search_section(512), "search1024": lambda: search_section(1024),
+SECTIONS = {"model_search": model_search_section, "search512": lambda: search_section(512), "search1024": lambda: search_section(1024),
             "models": models_section, "s512": lambda: budget_section(512), "s1024": lambda: budget_section(1024),
             "s2048": lambda: budget_section(2048), "whole": whole_section, "profile": profile_section,
             "loss": loss_section, "seed_grid": seed_grid_section, "packing": packing_section,
