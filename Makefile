@@ -4,6 +4,8 @@
 # make test-slow  the slow end-to-end runs alone (multi-process sweeps, preemption, two nodes)
 # make test-all   both: CI runs make test-slow, then make test
 # make test-browser   the report page in headless Chromium (CI runs it after make test)
+# make image   build docker/Dockerfile with buildah on a local Debian base (root; docker/image.sh)
+# make test-image   run the built image with the network off: the default cell, a sweep's report, no secrets
 # TORCH=...   the torch requirement to install first: the default is the CPU build that this
 #             workplace keeps on disk; on a GPU machine use e.g. `make demo TORCH=torch`.
 TORCH ?= torch==2.13.0
@@ -20,7 +22,7 @@ demo: .venv/.installed
 	$(PY) train.py
 
 test: .venv/.installed
-	$(PY) -m pytest -n 2 --dist worksteal -m "not browser and not slow"  # worksteal: the long tests do not queue behind one worker
+	$(PY) -m pytest -n 2 --dist worksteal -m "not browser and not slow and not image"  # worksteal: the long tests do not queue behind one worker
 
 test-slow: .venv/.installed
 	$(PY) -m pytest -n 2 --dist worksteal -m "slow and not browser"
@@ -31,4 +33,11 @@ test-all: test-slow test
 test-browser: .venv/.installed
 	$(PY) -m pytest -m browser
 
-.PHONY: demo test test-slow test-all test-browser
+# Root, Debian: installs buildah and mmdebstrap if missing; the base is built once, then reused.
+image:
+	docker/image.sh build
+
+test-image: .venv/.installed
+	$(PY) -m pytest -m image
+
+.PHONY: demo test test-slow test-all test-browser image test-image

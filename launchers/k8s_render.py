@@ -1,6 +1,6 @@
 """Render one Kubernetes Job per cell of a sweep (see k8s/README.md).
 
-    python launchers/k8s_render.py --sweep seed-grid --image registry.example.com/lorabench:0.1 \
+    python launchers/k8s_render.py --sweep seed-grid --image registry.example.com/lorabench:0.1.0 \
         --out k8s/rendered -- +experiment=seed_baseline seq_len=512,1024 batch=4,8
     kubectl apply -k k8s/base && kubectl apply -f k8s/rendered/seed-grid/
 """
@@ -18,7 +18,9 @@ from lorabench import k8s  # noqa: E402
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sweep", required=True, help="sweep name: the Jobs' name prefix and the output dir")
-    ap.add_argument("--image", required=True, help="the lorabench image (docker/Dockerfile)")
+    ap.add_argument("--image", default=k8s.IMAGE,
+                    help=f"the lorabench image (docker/Dockerfile; make image and docker build tag it {k8s.IMAGE}):"
+                         f" REGISTRY/{k8s.IMAGE} once pushed where the cluster pulls from")
     ap.add_argument("--out", default="k8s/rendered", help="one <job>.yaml per cell goes to <out>/<sweep>/")
     ap.add_argument("overrides", nargs="*", help="what you would give train.py -m")
     a = ap.parse_args()

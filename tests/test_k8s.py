@@ -66,6 +66,30 @@ def test_one_valid_job_per_cell(sweep, overrides, cells):
                                        for j in jobs)
 
 
+def test_jobs_run_the_image_that_the_build_tags_by_default(tmp_path):
+    """One version, lorabench.__version__: the package's metadata (pyproject's dynamic version), the tag
+    `make image` gives (docker/image.sh tag) and the image the rendered Jobs run without --image."""
+    import importlib.metadata
+    import subprocess
+    import sys
+
+    import lorabench
+
+    tag = subprocess.run(["bash", str(REPO / "docker" / "image.sh"), "tag"], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert tag == k8s.IMAGE == f"lorabench:{lorabench.__version__}"
+    assert importlib.metadata.version("lorabench") == lorabench.__version__
+    subprocess.run([sys.executable, str(REPO / "launchers" / "k8s_render.py"), "--sweep", "t", "--out", str(tmp_path),
+                    "--", "batch=4,8"], check=True, capture_output=True, cwd=REPO)
+    jobs = [yaml.safe_load(p.read_text()) for p in (tmp_path / "t").glob("*.yaml")]
+    assert len(jobs) == 2 and {j["spec"]["template"]["spec"]["containers"][0]["image"] for j in jobs} == {tag}
+    # Every command in the docs builds or names that tag (the with-model variant adds a suffix).
+    pages = ["README.md", "k8s/README.md", "launchers/README.md", "docs/scaling.md", "docker/Dockerfile",
+             "launchers/k8s_render.py"]
+    named = {m for page in pages for m in re.findall(r"lorabench:(\d[\w.]*)", (REPO / page).read_text())}
+    assert named and {n.removesuffix("-mistral") for n in named} == {lorabench.__version__}, named
+
+
 def test_a_multi_node_cell_is_an_indexed_job_with_a_headless_service():
     """train.nnodes=2: two pods (index = node rank) that reach pod 0 by its stable DNS name."""
     [[svc, job]] = k8s.render("multi", ["+experiment=seed_optimum", "train.nnodes=2", "train.nproc=4"], "img",

@@ -15,10 +15,13 @@ import re
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-from lorabench import sweep
+from lorabench import __version__, sweep
 from lorabench.config import Config
 
 NAMESPACE = "lorabench"
+# The tag that `make image` and README's `docker build` give the image; a cluster pulls it from your
+# registry as REGISTRY/lorabench:<version> (launchers/k8s_render.py --image).
+IMAGE = f"lorabench:{__version__}"
 DATA = "/data"  # the PVC: outputs/, cache/ (tokenised data), models/ (local weights)
 
 
