@@ -531,3 +531,15 @@ def test_bench_report_of_a_result_of_the_wrong_shape_says_so(tmp_path):
     assert f"{tmp_path / 'metrics.json'} is not a lorabench result file" in proc.stderr
     with pytest.raises(ValueError, match="not a lorabench result file"):
         read_result(tmp_path / "metrics.json")
+
+
+def test_a_sweep_whose_report_cannot_be_written_exits_2_and_keeps_its_cells(tmp_path):
+    """Every cell ok, the report unwritable (a folder stands where results.md goes): exit 2, one line
+    naming why, and the cells' results kept (bench.py sweep_dir= writes the report once it can)."""
+    (tmp_path / "results.md").mkdir()
+    proc = run_cli("train.py", ["-m", "seq_len=32,48", *FAST, f"hydra.sweep.dir={tmp_path}"], check=False)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    err = proc.stderr.splitlines()
+    assert [line for line in err if line.startswith(f"Sweep {tmp_path}: the report could not be written: ")]
+    assert err[-1].startswith("cells: 2 = 2 ok")
+    assert [read_result(tmp_path / n / "metrics.json").status for n in ("0", "1")] == [Status.ok, Status.ok]

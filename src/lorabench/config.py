@@ -655,8 +655,8 @@ gpu.price_per_hour, sweep.keep_going, report.dataset_samples ... (conf/train.yam
 src/lorabench/config.py).
 
 Exit codes: 0 ok; 1 bad command line (Hydra); 2 a cell failed (bad value, data, exception) or a
-multirun with a failed cell; 3 out of memory; 4 interrupted; 5 skipped. A multirun exits 0 when every
-cell is ok, oom or skipped.
+multirun with a failed cell or no report; 3 out of memory; 4 interrupted; 5 skipped. A multirun exits 0
+when every cell is ok, oom or skipped and its report is written.
 """
 
 

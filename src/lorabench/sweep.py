@@ -263,6 +263,7 @@ class SweepSummary(Callback):
 
         sweep_dir = Path(config.hydra.sweep.dir)
         report_cfg = OmegaConf.to_object(config.report) if "report" in config else ReportConfig()
+        reported = True
         try:
             out = write_report(sweep_dir, report_cfg)
             print(f"\nSweep {sweep_dir}:\n{out.markdown}\n\nReport: {sweep_dir / 'report.html'}")
@@ -271,8 +272,12 @@ class SweepSummary(Callback):
                                   str(sweep_dir))
         except Exception as e:  # the cells' own results stand; say why the report did not
             print(f"\nSweep {sweep_dir}: the report could not be written: {one_line(e)}", file=sys.stderr)
+            reported = False
         line, code = tally(sweep_dir)
         print(line, file=sys.stderr)
+        # A sweep is asked for its report: without one it failed, even where every cell is a measurement
+        # (a script reading exit 0 would look for results.md and find none).
+        code = code or (0 if reported else EXIT_CODES[Status.failed])
         if code:
             sys.exit(code)
 
