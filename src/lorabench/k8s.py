@@ -15,7 +15,7 @@ import re
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-from lorabench import __version__, sweep
+from lorabench import __version__, grid
 from lorabench.config import Config
 
 NAMESPACE = "lorabench"
@@ -29,7 +29,7 @@ def expand(overrides: list[str], compose) -> list[list[str]]:
     """The cells of `python train.py -m <overrides>`: a list of override lists, in Hydra's order."""
     given = OverridesParser.create().parse_overrides(overrides)
     fixed = [o.input_line for o in given if not o.is_sweep_override()]
-    return sweep.expand(overrides, compose(fixed, return_hydra_config=True).hydra.sweeper.params)
+    return grid.expand(overrides, compose(fixed, return_hydra_config=True).hydra.sweeper.params)
 
 
 def dns_name(sweep: str, index: int, cell: list[str]) -> str:

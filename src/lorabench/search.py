@@ -3,7 +3,7 @@
     python train.py +experiment=tune backend=hf,unsloth,fast gpu=a10 seq_len=512
 
 The user's overrides form the outer grid (one cell per backend here, expanded as Hydra's basic sweeper
-does, lorabench.sweep.expand). For each outer cell the search measures at most search.max_cells cells
+does, lorabench.grid.expand). For each outer cell the search measures at most search.max_cells cells
 of its layout space, launched one at a time through the configured Hydra launcher, each an ordinary
 cell dir of the sweep (so the report reads it):
 
@@ -54,6 +54,7 @@ from typing import Callable, Optional
 
 from hydra.plugins.sweeper import Sweeper
 
+from lorabench.grid import expand
 from lorabench.results import CELLS_FILE, RESULT_FILE, atomic_write_json, read_cells, read_result
 
 SEARCH_FILE = "search.json"
@@ -524,8 +525,6 @@ class BudgetSearch(Sweeper):
 
     def sweep(self, arguments: list[str]) -> list:
         from omegaconf import OmegaConf
-
-        from lorabench.sweep import expand
 
         sweep_dir = Path(self.config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)

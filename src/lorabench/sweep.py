@@ -30,6 +30,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lorabench import rundir
+from lorabench.grid import expand
 from lorabench.checks import bench_problems, value_problems
 from lorabench.config import BenchConfig, Config, LoggerKind, ReportConfig
 from lorabench.results import CELLS_FILE, EXIT_CODES, MEASURED, Status, atomic_write_json, load_results, read_cells
@@ -37,17 +38,6 @@ from lorabench.results import CELLS_FILE, EXIT_CODES, MEASURED, Status, atomic_w
 EXIT_INVALID = EXIT_CODES[Status.failed]
 EXIT_USAGE = 1  # an unknown option, key or type: Hydra's own exit code for a bad command line
 PROBE_BYTES = 16 * 1024  # .hydra's config.yaml, hydra.yaml and overrides.yaml: ~6 KB for train.py (2.3 + 3.4 + 0.1)
-
-
-def expand(overrides: list[str], params, config_loader=None) -> list[list[str]]:
-    """The cells of `python train.py -m <overrides>` with the config's hydra.sweeper.params, in the
-    order (job numbers) of Hydra's basic sweeper, whose own expansion this calls."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    lines = [f"{k}={v}" for k, v in (OmegaConf.to_container(params) if params else {}).items()] + list(overrides)
-    parsed = OverridesParser.create(config_loader=config_loader).parse_overrides(lines)
-    return [list(cell) for batch in BasicSweeper.split_arguments(parsed, None) for cell in batch]
 
 
 def one_line(e: BaseException) -> str:
