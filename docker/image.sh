@@ -28,10 +28,12 @@ trust=(); [ -f "$ca" ] && trust=(--volume "$ca:$ca:ro")
 
 need_tools() {
   [ "$(id -u)" = 0 ] || { echo "image.sh: run as root (apt-get, and buildah's chroot isolation)" >&2; exit 2; }
-  command -v buildah >/dev/null && command -v mmdebstrap >/dev/null && return
-  echo "installing buildah and mmdebstrap (Debian packages)"
+  # pip here only downloads torch's wheel for the base (python3 -m pip download).
+  command -v buildah >/dev/null && command -v mmdebstrap >/dev/null && python3 -m pip --version >/dev/null 2>&1 \
+    && return
+  echo "installing buildah, mmdebstrap and pip (Debian packages)"
   apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq buildah mmdebstrap uidmap >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq buildah mmdebstrap uidmap python3-pip >/dev/null
 }
 
 can_run() {
