@@ -21,6 +21,7 @@ COMMON = ["train.device=cpu", "data=synthetic", "data.max_samples=64", "seq_len=
 DDP_LOSS = 6 * 9 * EPS32
 
 
+@pytest.mark.slow  # torchrun and 2 ranks beside a 1-process cell: ~17 s, the longest of make test (make test-slow, CI)
 def test_two_rank_cell_matches_one_process_at_the_doubled_batch(tmp_path):
     """Each step's loss within DDP_LOSS (fp32; what differs is the all-reduce's summation order):
     the ranks see the two halves of the 1-process batch (accelerate shards the same seeded sampler
