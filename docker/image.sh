@@ -6,6 +6,7 @@
 #   sudo docker/image.sh can-run        # exit 0 if buildah can build and run here, else one line saying why
 #   sudo docker/image.sh size           # the image's size and what takes the space
 #   docker/image.sh tag                 # the image's name and tag (lorabench:<lorabench.__version__>)
+#   sudo docker/image.sh install        # buildah, mmdebstrap and pip from Debian's packages, where missing
 #   sudo docker/image.sh rebuild-base   # the base made again (a new Debian point release, say)
 #
 # The base (docker/Dockerfile.base-cpu, tagged localhost/lorabench-base:cpu): a Debian 12 root file
@@ -99,6 +100,7 @@ case "${1:-}" in
   can-run) can_run ;;
   size) size ;;
   tag) echo "$image" ;;
+  install) need_tools ;;
   rebuild-base) need_tools; bah rmi "$base" >/dev/null 2>&1 || true; build_base ;;
-  *) echo "usage: docker/image.sh build|can-run|size|tag|rebuild-base" >&2; exit 2 ;;
+  *) echo "usage: docker/image.sh build|can-run|size|tag|install|rebuild-base" >&2; exit 2 ;;
 esac

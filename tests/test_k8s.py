@@ -2,12 +2,16 @@
 Kubernetes JSON schemas offline (kubernetes-validate), with DNS-safe names, non-root pods, the W&B
 key only from a Secret, and a pod command that runs exactly one cell."""
 
+import importlib.metadata
 import re
+import subprocess
+import sys
 
 import pytest
 import yaml
 from conftest import FAST, REPO, compose_cfg, read_result, run_cli
 
+import lorabench
 from lorabench import k8s
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
@@ -69,12 +73,6 @@ def test_one_valid_job_per_cell(sweep, overrides, cells):
 def test_jobs_run_the_image_that_the_build_tags_by_default(tmp_path):
     """One version, lorabench.__version__: the package's metadata (pyproject's dynamic version), the tag
     `make image` gives (docker/image.sh tag) and the image the rendered Jobs run without --image."""
-    import importlib.metadata
-    import subprocess
-    import sys
-
-    import lorabench
-
     tag = subprocess.run(["bash", str(REPO / "docker" / "image.sh"), "tag"], capture_output=True, text=True,
                          check=True).stdout.strip()
     assert tag == k8s.IMAGE == f"lorabench:{lorabench.__version__}"
