@@ -46,6 +46,7 @@ def test_two_rank_sharded_cell_matches_one_process_and_holds_half_the_weights(tm
     assert losses(tmp_path) == pytest.approx(expected, rel=FSDP_LOSS) and len(expected) == 6
     m = two.metrics
     assert two.dist["parallel"] == "fsdp" and m["dist/world_size"] == 2
+    assert m["precision/matmul_bytes"] == one.metrics["precision/matmul_bytes"] == 4  # fp32 cells
     assert m["count/samples"] == one.metrics["count/samples"] == 16  # global: 2 ranks x 2 samples x 4 steps
     assert m["cost/usd_per_hour"] == 2 * one.metrics["cost/usd_per_hour"]
     # Each rank holds its shard of every parameter: half of them, plus at most one padding row per
@@ -53,6 +54,26 @@ def test_two_rank_sharded_cell_matches_one_process_and_holds_half_the_weights(tm
     whole = one.metrics["mem/weights_gib"]
     for r in (0, 1):
         assert m[f"mem/rank{r}_weights_gib"] == pytest.approx(whole / 2, rel=1e-9)
+
+
+def test_a_sharded_cell_runs_its_forward_under_the_cells_autocast():
+    """accelerate autocasts one process and DDP but not FSDP2 (lorabench.sharding): the Trainer's hook does it
+    for a sharded 16-bit cell, on its device, and for nothing else."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from lorabench import sharding
+
+    def args(fsdp, bf16=False, fp16=False):
+        return SimpleNamespace(fsdp=fsdp, bf16=bf16, fp16=fp16, device=torch.device("cpu"))
+
+    with sharding.autocast(args(True, bf16=True)):
+        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") is torch.bfloat16
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype is torch.bfloat16
+    for plain in (args(False, bf16=True), args(True)):  # DDP / one process (accelerate's), fp32
+        with sharding.autocast(plain):
+            assert not torch.is_autocast_enabled("cpu")
 
 
 def test_sharded_parts_are_refused_by_name_before_any_process_starts(tmp_path):
@@ -199,6 +220,9 @@ def test_two_gpu_nf4_sharded_cell_trains_like_its_ddp_twin_on_half_the_weights(t
     f, d = fsdp.metrics, ddp.metrics
     assert f["mem/rank1_weights_gib"] < 0.6 * d["mem/rank1_weights_gib"]
     assert fsdp.dist["parallel"] == "fsdp" and f["perf/tokens_per_s"] > 0 and f["perf/mfu_pct"] > 0
+    # The matmuls ran in bf16 on both sides (without the sharded cell's own autocast, lorabench.sharding,
+    # the fp32 norms made every FSDP matmul fp32: 2x the step time, within the loss tolerance above).
+    assert f["precision/matmul_bytes"] == d["precision/matmul_bytes"] == 2
     # The checkpoint: the adapters' shards and their optimizer state through torch.distributed.checkpoint
     # (the CPU test resumes from the same files); the last two are kept (save_total_limit=2).
     ckpt = tmp_path / "fsdp" / "checkpoints" / "checkpoint-6"

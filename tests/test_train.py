@@ -187,6 +187,8 @@ def test_every_cpu_option_trains(tmp_path, overrides):
         assert result.gpu["name"] == "cpu" and result.gpu["emulated"] is None and "mem/budget_gib" not in m
     if "data.padding=max_length" in overrides:
         assert m["count/tokens_total"] == 48 * m["count/samples"]
+    # The base layers' matmuls ran at the cell's width: bf16 (2 bytes an element) only where asked.
+    assert m["precision/matmul_bytes"] == (2 if "precision=bf16" in overrides else 4)
 
 
 def test_a_cell_leaves_nothing_registered_for_the_next(tmp_path):

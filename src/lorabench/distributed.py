@@ -165,8 +165,8 @@ def aggregate(ranks: list[CellResult], gpu: GpuConfig) -> dict:
         values = [x.metrics[k] for x in ranks if k in x.metrics]
         if values:
             out[k] = max(values)
-    for k, v in ranks[0].metrics.items():  # rank 0's profile and NVML figures, if any
-        if k.startswith(("prof/", "gpu/", "count/warmup")):
+    for k, v in ranks[0].metrics.items():  # rank 0's profile, NVML figures and matmul width, if any
+        if k.startswith(("prof/", "gpu/", "count/warmup", "precision/")):
             out[k] = v
     return out
 

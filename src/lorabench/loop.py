@@ -23,7 +23,7 @@ from lorabench.config import Backend, Config, GpuConfig, Precision
 from lorabench.devices import setup_device
 from lorabench.guard import Guard
 from lorabench.loggers import MetricLogger
-from lorabench.meter import MeasuredTrainer, NvmlSampler, StepMeter
+from lorabench.meter import MatmulProbe, MeasuredTrainer, NvmlSampler, StepMeter
 from lorabench.metrics import memory_stats, summarize
 from lorabench.preemption import HANDLER as preemption
 from lorabench.profile import StepProfiler
@@ -49,6 +49,7 @@ class Watch:
     guard: Guard
     profiler: StepProfiler | None
     callbacks: list
+    probe: MatmulProbe | None = None
 
 
 def measure(c: Config, run_dir: Path, result: CellResult, logger: MetricLogger, rank: int = 0) -> dict:
@@ -65,6 +66,8 @@ def _measure(c: Config, run_dir: Path, result: CellResult, logger: MetricLogger,
     steps_file = run_dir / ("steps.jsonl" if rank == 0 else f"steps.rank{rank}.jsonl")
     resume = resume_state(c, ckpt_dir, steps_file, result)
     watch = watch_training(c, device, run_dir, steps_file, resume, logger, rank)
+    if c.backend.name is not Backend.unsloth and not c.backend.compile:  # (see MatmulProbe)
+        watch.probe = MatmulProbe(fastpath.decoder_layers(model)[0])
     # FSDP's unit, with train.parallel=fsdp over several processes: the decoder layer's class
     layer_class = type(fastpath.decoder_layers(model)[0]).__name__ if c.train.sharded else ""
     trainer = MeasuredTrainer(model=model, args=training_arguments(c, device, ckpt_dir, layer_class),
@@ -232,6 +235,8 @@ def collect_metrics(c: Config, device: torch.device, gpu: GpuConfig, model, para
     metrics.update(memory_stats(device))
     metrics["host/rss_peak_gib"] = watch.guard.peak_gib  # this process and its workers, sampled every 0.1 s
     metrics["mem/weights_gib"] = sharding.held_bytes(model) / 2**30  # this process's (FSDP: its shards)
+    if watch.probe is not None and watch.probe.bytes is not None:
+        metrics["precision/matmul_bytes"] = watch.probe.bytes
     if getattr(model, "lorabench_offloader", None) is not None:  # train.offload_fraction > 0
         metrics.update(model.lorabench_offloader.metrics())
     if watch.sampler:

@@ -31,6 +31,10 @@ class MeasuredTrainer(Trainer):
         super().create_accelerator_and_postprocess()
         sharding.enable_on_cpu(self)  # train.parallel=fsdp on CPU processes (the tests' gloo ranks)
 
+    def autocast_smart_context_manager(self, cache_enabled: bool | None = True):
+        # The Trainer leaves autocast to accelerate, which skips it under FSDP2 (lorabench.sharding).
+        return sharding.autocast(self.args, cache_enabled)
+
     def create_optimizer(self, model=None):
         fresh = self.optimizer is None
         optimizer = super().create_optimizer(model)
@@ -47,6 +51,26 @@ class MeasuredTrainer(Trainer):
         if self.lean_step and not hasattr(model, "lorabench_lean"):
             lean_step(model)
         return super().training_step(model, inputs, num_items_in_batch)
+
+
+class MatmulProbe:
+    """The width of the base model's matmuls as they ran: the element size in bytes of the first frozen
+    linear layer's output in the first forward of decoder layer `layer` (2: bf16/fp16, 4: fp32). A cell
+    labelled bf16 whose matmuls ran in fp32 (as sharded cells did without autocast, lorabench.sharding)
+    takes about twice as long, and this says so. None where that layer's forward is not called (Unsloth's
+    LoRA kernels read its weight directly) or not watched (a compiled layer: a hook that removes itself
+    would be traced into its graph)."""
+
+    def __init__(self, layer: torch.nn.Module | None):
+        self.bytes: int | None = None
+        frozen = (m for m in (layer.modules() if layer is not None else ())
+                  if isinstance(m, torch.nn.Linear) and not m.weight.requires_grad)
+        first = next(frozen, None)
+        self._handle = first.register_forward_hook(self._record) if first is not None else None
+
+    def _record(self, module, args, output) -> None:
+        self.bytes = output.element_size()
+        self._handle.remove()
 
 
 def lean_step(model: torch.nn.Module) -> None:

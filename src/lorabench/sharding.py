@@ -13,9 +13,14 @@ forward, freed after it, and gathered again for its backward; the adapters' grad
 reduce-scattered. Each process keeps 1/N of the weights and of the adapters' optimizer state between
 layers.
 
-Arithmetic: nothing is cast by FSDP (MixedPrecisionPolicy() with no dtypes): the Trainer's autocast casts
-for the matmuls as it does in one process and under DDP, and gradients are reduced in their own dtype
-(fp32 adapters), so the cell computes what its DDP twin computes, up to the order of the sums.
+Arithmetic: nothing is cast by FSDP (MixedPrecisionPolicy() with no dtypes), and the forward runs under
+the same autocast as in one process and under DDP, so the cell computes what its DDP twin computes, up
+to the order of the sums; gradients are reduced in their own dtype (fp32 adapters). That autocast is
+ours (`autocast`): accelerate wraps the model's forward in autocast for one process and DDP
+(Accelerator.prepare_model) but not on its FSDP2 path (_prepare_fsdp2 leaves casting to the policy). Without
+it the QLoRA recipe's fp32 norms hand fp32 activations to every layer and bitsandbytes dequantises the
+4-bit weights to fp32: measured on 2 and 4 H200s, llama-3.3-70b's step took 14.3 s against 7.1 s in one
+process at the same batch per GPU (docs/runs/2026-11-26_fsdp, first try).
 
 Checkpoints: SHARDED_STATE_DICT with the adapters only (the Trainer's adapter_only): each process writes
 its shards of the adapters and their optimizer state with torch.distributed.checkpoint, never the frozen
@@ -29,7 +34,10 @@ ranks run the same wrapping, step and checkpoint code as CUDA ranks do.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+
+import torch
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +65,15 @@ def set_mixed_precision(args) -> None:
 
     if args.fsdp_plugin_args is not None:
         args.fsdp_plugin_args["mixed_precision_policy"] = MixedPrecisionPolicy()
+
+
+def autocast(args, cache_enabled: bool | None = True) -> contextlib.AbstractContextManager:
+    """The forward's autocast for a sharded cell (see the module's docstring): the cell's 16-bit dtype on
+    its device, as accelerate gives one process and DDP; nothing for an unsharded or fp32 cell."""
+    dtype = torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else None
+    if not args.fsdp or dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=args.device.type, dtype=dtype, cache_enabled=cache_enabled)
 
 
 def enable_on_cpu(trainer) -> None:
