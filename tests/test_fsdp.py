@@ -221,9 +221,50 @@ def test_two_gpu_nf4_sharded_cell_trains_like_its_ddp_twin_on_half_the_weights(t
     assert f["mem/rank1_weights_gib"] < 0.6 * d["mem/rank1_weights_gib"]
     assert fsdp.dist["parallel"] == "fsdp" and f["perf/tokens_per_s"] > 0 and f["perf/mfu_pct"] > 0
     # The matmuls ran in bf16 on both sides (without the sharded cell's own autocast, lorabench.sharding,
-    # the fp32 norms made every FSDP matmul fp32: 2x the step time, within the loss tolerance above).
+    # attention, adapters and head ran in fp32 after the fp32 norms: 2x the step on 70B, within the loss
+    # tolerance above).
     assert f["precision/matmul_bytes"] == d["precision/matmul_bytes"] == 2
     # The checkpoint: the adapters' shards and their optimizer state through torch.distributed.checkpoint
     # (the CPU test resumes from the same files); the last two are kept (save_total_limit=2).
     ckpt = tmp_path / "fsdp" / "checkpoints" / "checkpoint-6"
     assert (ckpt / "trainer_state.json").exists() and (ckpt / "pytorch_model_fsdp_0").is_dir()
+
+
+def test_a_head_read_without_its_forward_is_whole_once_the_final_norm_has_run(tmp_path):
+    """What Liger's fused cross-entropy does under FSDP2 (lorabench.sharding.gather_head_with_final_norm): the
+    CausalLM's forward runs the decoder and reads lm_head.weight without calling lm_head. One gloo process,
+    the units accelerate makes for a PEFT model (each decoder layer, the head alone, the root): the head is a
+    DTensor shard that a plain matmul refuses, yet inside the forward, after the final norm, it is whole and
+    the logits are those of the model before sharding."""
+    import torch
+    import torch.distributed as dist
+    from peft import LoraConfig, get_peft_model
+    from torch.distributed.fsdp import fully_shard
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from lorabench import sharding
+
+    torch.manual_seed(0)
+    cfg = MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2)
+    model = get_peft_model(MistralForCausalLM(cfg), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    causal = model.get_base_model()
+
+    def reads_the_head(input_ids=None, **kwargs):  # Liger's lce_forward, less the loss
+        return causal.model(input_ids=input_ids).last_hidden_state @ causal.lm_head.weight.t()
+
+    causal.forward = reads_the_head
+    ids = torch.randint(0, 64, (1, 5))
+    expected = model(input_ids=ids)
+    sharding.gather_head_with_final_norm(model)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        for layer in causal.model.layers:
+            fully_shard(layer)
+        fully_shard([causal.lm_head], reshard_after_forward=False)
+        fully_shard(model)
+        with pytest.raises(RuntimeError, match="mixed torch.Tensor and DTensor"):
+            torch.ones(1, 32) @ causal.lm_head.weight.t()
+        assert torch.equal(model(input_ids=ids), expected)
+    finally:
+        dist.destroy_process_group()

@@ -70,6 +70,8 @@ def _measure(c: Config, run_dir: Path, result: CellResult, logger: MetricLogger,
         watch.probe = MatmulProbe(fastpath.decoder_layers(model)[0])
     # FSDP's unit, with train.parallel=fsdp over several processes: the decoder layer's class
     layer_class = type(fastpath.decoder_layers(model)[0]).__name__ if c.train.sharded else ""
+    if c.train.sharded:
+        sharding.gather_head_with_final_norm(model)
     trainer = MeasuredTrainer(model=model, args=training_arguments(c, device, ckpt_dir, layer_class),
                               train_dataset=dataset,
                               data_collator=data.build_collator(c, tokenizer), callbacks=watch.callbacks,

@@ -54,22 +54,21 @@ class MeasuredTrainer(Trainer):
 
 
 class MatmulProbe:
-    """The width of the base model's matmuls as they ran: the element size in bytes of the first frozen
-    linear layer's output in the first forward of decoder layer `layer` (2: bf16/fp16, 4: fp32). A cell
-    labelled bf16 whose matmuls ran in fp32 (as sharded cells did without autocast, lorabench.sharding)
-    takes about twice as long, and this says so. None where that layer's forward is not called (Unsloth's
-    LoRA kernels read its weight directly) or not watched (a compiled layer: a hook that removes itself
-    would be traced into its graph)."""
+    """The width the model's matmuls ran at, read as the first forward of decoder layer `layer` begins: the
+    element size in bytes of autocast's dtype where autocast is on, else of the layer's input (2: bf16/fp16,
+    4: fp32). Not a layer's output: bitsandbytes casts its 4-bit layers' bf16 products back to their input's
+    dtype, fp32 after the QLoRA recipe's fp32 norms. A cell labelled bf16 that ran without autocast (sharded
+    cells did, lorabench.sharding) computes attention, adapters and head in fp32 and takes about twice as
+    long: this says so. None where the layer is compiled (a hook that removes itself would be traced)."""
 
-    def __init__(self, layer: torch.nn.Module | None):
+    def __init__(self, layer: torch.nn.Module):
         self.bytes: int | None = None
-        frozen = (m for m in (layer.modules() if layer is not None else ())
-                  if isinstance(m, torch.nn.Linear) and not m.weight.requires_grad)
-        first = next(frozen, None)
-        self._handle = first.register_forward_hook(self._record) if first is not None else None
+        self._handle = layer.register_forward_pre_hook(self._record, with_kwargs=True)
 
-    def _record(self, module, args, output) -> None:
-        self.bytes = output.element_size()
+    def _record(self, module, args, kwargs) -> None:
+        x = next(t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor) and t.is_floating_point())
+        on = torch.is_autocast_enabled(x.device.type)
+        self.bytes = (torch.get_autocast_dtype(x.device.type) if on else x.dtype).itemsize
         self._handle.remove()
 
 

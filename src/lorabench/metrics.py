@@ -13,8 +13,9 @@ Memory: torch's peak allocated / reserved bytes since the end of warmup (the cac
 pool; nvidia-smi shows reserved + CUDA context + other processes). With train.offload_fraction:
   mem/host_offload_peak_gib   pinned host memory that one micro-batch's offloaded activations hold
   count/offload_late_tensors  offloaded tensors the backward waited for (not prefetched in time)
-Arithmetic: precision/matmul_bytes, the element size of the first base layer's output in the first
-forward (2: the matmuls ran in bf16/fp16, 4: in fp32), as it ran, not as configured (lorabench.meter.MatmulProbe).
+Arithmetic: precision/matmul_bytes, the element size of the dtype the matmuls ran at (autocast's, else the
+activations'), 2 for bf16/fp16 and 4 for fp32, read as the first decoder layer ran, not as configured
+(lorabench.meter.MatmulProbe).
 MFU: model FLOPs per non-pad token over the GPU's dense bf16 peak, with
   FLOPs = (4*N_active + 6*N_lora) per token + 12*H*head_dim*l*min(l, window) per layer and sample of l tokens.
   A frozen base weight costs 2 (forward) + 2 (input gradient) FLOPs per token and has no weight

@@ -76,6 +76,32 @@ def autocast(args, cache_enabled: bool | None = True) -> contextlib.AbstractCont
     return torch.autocast(device_type=args.device.type, dtype=dtype, cache_enabled=cache_enabled)
 
 
+def gather_head_with_final_norm(model) -> None:
+    """Before the final norm's forward, the output head's FSDP unit gathered.
+
+    accelerate means the final norm and the head to be one unit, gathered when the first of them runs
+    (fsdp2_prepare_model's `fully_shard([final_norm, lm_head])`), but it looks for the norm among the
+    children of `model.<base_model_prefix>`, which for a PEFT model is the CausalLM (children: `model` and
+    `lm_head`): no norm, so the head is a unit of its own, gathered only when its forward is called.
+    Liger's fused linear cross-entropy never calls it: it reads `lm_head.weight`, then a DTensor shard
+    ("aten.mm.out got mixed torch.Tensor and DTensor", backend=fast on 2 and 4 H200s). Gathered here
+    instead, it stays whole until the backward's end (FSDP's final callback reshards it), as accelerate's
+    tail unit would (reshard_after_forward=False); for a head whose forward is called this only moves
+    the same all-gather a norm earlier."""
+    from torch.distributed.fsdp import FSDPModule
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    head, norm = base.get_output_embeddings(), getattr(base.model, "norm", None)
+    if head is None or norm is None:
+        return
+
+    def gather(module, args) -> None:
+        if isinstance(head, FSDPModule):  # wrapped by the Trainer after this hook was registered
+            head.unshard()
+
+    norm.register_forward_pre_hook(gather)
+
+
 def enable_on_cpu(trainer) -> None:
     """After the Trainer made its Accelerator: on CPU processes, accelerate's state set to FSDP with the
     plugin the Trainer would have passed (see the module's docstring). Nothing on CUDA."""
