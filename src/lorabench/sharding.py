@@ -5,8 +5,8 @@ Why FSDP2 through the Trainer and not DeepSpeed ZeRO-3: the cell already trains 
 accelerate, which wrap each decoder layer with fully_shard from TrainingArguments(fsdp=...) alone; ZeRO-3
 would add a package and a JSON config for the same sharding, and its 4-bit support goes through the
 same bitsandbytes quant-storage trick. What is sharded: every parameter of each decoder layer (its own
-FSDP unit), the embeddings, and the final norm with the output head (one unit), each split in dim 0
-over the processes. The nf4 weights are stored as bf16 words (bnb_4bit_quant_storage, lorabench.modeling)
+FSDP unit), the embeddings (one), the output head (one: see gather_head_with_final_norm) and the rest
+with the root, each split in dim 0 over the processes. The nf4 weights are stored as bf16 words (bnb_4bit_quant_storage, lorabench.modeling)
 so that they are a floating tensor FSDP can split and all-gather; their quantisation constants stay whole
 on every process (bitsandbytes keeps them on the module). A layer's weights are gathered before its
 forward, freed after it, and gathered again for its backward; the adapters' gradients are
