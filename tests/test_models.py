@@ -151,6 +151,38 @@ def test_moe_counts_only_the_active_experts():
     assert a.lora_targets == ("q_proj", "k_proj", "v_proj", "o_proj")  # the experts are 3-D, not nn.Linear
 
 
+def test_moe_experts_stay_16bit_in_a_quantised_cell_and_the_estimate_counts_them_so():
+    """bitsandbytes quantises nn.Linear only; transformers 5's experts are 3-D parameters, loaded in bf16 in an
+    nf4 cell. PEFT's QLoRA upcast (meant for the norms) would make them fp32: kept at bf16 instead, the norms
+    fp32, and a step runs under autocast with LoRA gradients. The memory estimate takes the experts at 2
+    bytes: Qwen3-30B-A3B's 48 x 128 x 3 x 2048 x 768 = 28.99B of them alone are 54 GiB (the nf4 rate would
+    have said 14)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from lorabench.config import Precision
+    from lorabench.search import fixed_gib
+
+    torch.manual_seed(0)
+    cfg = AutoConfig.for_model("qwen3_moe", **{**SMALL, **CHECKPOINTS["qwen3_moe"]})
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    lora = OmegaConf.to_object(compose_cfg([])).lora
+    model = modeling.apply_lora(model, lora, Precision.nf4, gradient_checkpointing=False)
+    experts = {n: p for n, p in model.named_parameters() if ".experts." in n}
+    assert experts and {p.dtype for p in experts.values()} == {torch.bfloat16}
+    assert {p.dtype for n, p in model.named_parameters() if "norm" in n} == {torch.float32}
+    assert modeling.count_params(model)["experts_unquantised"] == sum(p.numel() for p in experts.values()) \
+        == Architecture.from_hf_config(cfg).expert_params()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(input_ids=torch.randint(0, 512, (2, 16)), labels=torch.randint(0, 512, (2, 16))).loss
+    loss.backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+    big = OmegaConf.to_object(compose_cfg(["model=qwen3-30b-a3b", "precision=nf4"]))
+    a = architecture_of(big.model)
+    assert a.expert_params() == 48 * 128 * 3 * 2048 * 768
+    assert fixed_gib(big) > a.expert_params() * 2 / 2**30 > 53.9  # 53.99 GiB; at nf4's rate 14.6
+
+
 def test_architecture_facts_of_the_families():
     g2, g3, q2, phi = (architecture_of(model_cfg(n)) for n in ("gemma-2-9b", "gemma-3-12b", "qwen2.5-7b", "phi-4"))
     assert g2.windows[:2] == (4096, None) and (g2.attn_logit_softcap, g2.final_logit_softcap) == (50.0, 30.0)

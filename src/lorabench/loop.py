@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 from transformers import PrinterCallback, TrainerCallback, TrainingArguments
 
 from lorabench import backends, checks, data, distributed, fastpath, modeling, sharding
-from lorabench.config import Backend, Config, GpuConfig, Precision
+from lorabench.config import QUANTISED, Backend, Config, GpuConfig, Precision
 from lorabench.devices import setup_device
 from lorabench.guard import Guard
 from lorabench.loggers import MetricLogger
@@ -118,6 +118,10 @@ def build_model(c: Config, device: torch.device, result: CellResult):
              "%d layers checkpointed, %d offloaded", c.model.name, weights, c.precision.name.value, device,
              load_s, params["base_matmul"] / 1e6, params["trainable"] / 1e6, c.backend.name.value, checkpointed,
              offloaded)
+    if params["experts_unquantised"] and c.precision.name in QUANTISED:
+        log.info("MoE experts: %.1fM weights in %s, not %s: bitsandbytes quantises nn.Linear layers only and "
+                 "transformers stores the experts as 3-D parameters", params["experts_unquantised"] / 1e6,
+                 str(modeling.WEIGHT_DTYPE[c.precision.name]).removeprefix("torch."), c.precision.name.value)
     return model, params
 
 

@@ -180,6 +180,7 @@ def apply_lora(model, lora: LoraConfig, precision: Precision, gradient_checkpoin
         model = prepare_model_for_kbit_training(
             model, use_gradient_checkpointing=gradient_checkpointing,
             gradient_checkpointing_kwargs={"use_reentrant": False})
+        keep_experts_16bit(model, WEIGHT_DTYPE[precision])
     # The architecture's own names: q/k/v asked for on Phi-3's fused qkv_proj land on it (checks refused the rest).
     targets = Architecture.from_hf_config(model.config).resolve_lora_targets(lora.target_modules)
     peft_cfg = PeftLoraConfig(
@@ -194,6 +195,26 @@ def apply_lora(model, lora: LoraConfig, precision: Precision, gradient_checkpoin
         raise
 
 
+def keep_experts_16bit(model, dtype: torch.dtype) -> int:
+    """An MoE model's frozen expert weights back at `dtype` after PEFT's QLoRA upcast; returns how many.
+
+    bitsandbytes quantises nn.Linear layers only, and transformers 5 stores each MoE layer's experts as
+    3-D parameters of one module: in an nf4 or int8 cell they load in bf16. prepare_model_for_kbit_training
+    then casts every 16-bit parameter that is not a 4-bit one to fp32, meant for norms, and the experts
+    with them: Qwen3-30B-A3B's 28.99B expert weights would take 116 GB in fp32 against 58 GB in bf16, and
+    its grouped GEMMs would run in fp32. transformers' expert kernels cast their input to the weights'
+    dtype (integrations/moe.py), so the fp32 norms' output meets bf16 experts as it meets bf16 layers."""
+    kept = 0
+    for name, module in model.named_modules():
+        if not name.endswith("experts"):
+            continue
+        for p in module.parameters(recurse=False):
+            if p.ndim == 3 and not p.requires_grad and p.is_floating_point() and p.dtype != dtype:
+                p.data = p.data.to(dtype)
+                kept += p.numel()
+    return kept
+
+
 def count_params(model) -> dict:
     """Parameter counts that the FLOPs formula needs.
 
@@ -201,13 +222,14 @@ def count_params(model) -> dict:
     excluded (a lookup, not a matmul); an MoE layer's experts (3-D parameters in transformers 5)
     and router included. Quantised layers store packed values, so they are counted from their
     logical shapes. active_matmul: the same with each MoE layer's experts at the share a token runs
-    through (top-k of n), what a token costs. trainable: the adapter parameters.
+    through (top-k of n), what a token costs. trainable: the adapter parameters. experts_unquantised:
+    the expert weights stored as floats (all of them in transformers 5, in nf4 and int8 cells too).
     """
     import torch.nn as nn
 
     arch = Architecture.from_hf_config(model.config)
     share = arch.experts_per_token / arch.num_experts if arch.is_moe else 1.0
-    base_matmul = active = lora = 0.0
+    base_matmul = active = lora = unquantised = 0.0
     for name, mod in model.named_modules():
         if "lora_" in name:
             continue
@@ -218,10 +240,12 @@ def count_params(model) -> dict:
             if p.ndim == 3 and name.endswith("experts"):  # [experts, out, in]: every expert of the layer
                 base_matmul += p.numel()
                 active += p.numel() * share
+                unquantised += p.numel() if p.is_floating_point() else 0  # (bitsandbytes leaves them so)
             elif p.ndim == 2 and name.endswith("mlp.gate") and pname == "weight":  # the router: every token
                 base_matmul += p.numel()
                 active += p.numel()
     for p in model.parameters():
         if p.requires_grad:
             lora += p.numel()
-    return {"base_matmul": int(base_matmul), "active_matmul": int(active), "trainable": int(lora)}
+    return {"base_matmul": int(base_matmul), "active_matmul": int(active), "trainable": int(lora),
+            "experts_unquantised": int(unquantised)}

@@ -415,20 +415,23 @@ def token_bytes(c) -> tuple[float, float, float]:
 
 def fixed_gib(c) -> float:
     """Memory that does not grow with batch: the weights at their precision (nf4: 4 bits and one 8-bit
-    scale per 64 weights under double quantisation), embeddings and head (fp32 under QLoRA's upcast),
-    LoRA's weights, gradients and AdamW states (4 + 4 + 8 bytes), and 0.5 GiB of allocator slack."""
+    scale per 64 weights under double quantisation; an MoE model's experts 2 bytes in nf4 and int8 cells,
+    which bitsandbytes leaves unquantised), embeddings and head (fp32 under QLoRA's upcast), LoRA's
+    weights, gradients and AdamW states (4 + 4 + 8 bytes), and 0.5 GiB of allocator slack."""
     from lorabench.config import QUANTISED, Precision
     from lorabench.models import architecture_of
 
     a, p = architecture_of(c.model), c.precision.name  # the checkpoint's shape with model.path
     linear = a.matmul_params() - a.hidden * a.vocab  # every layer's projections (all experts), not the head
     per_param = {Precision.nf4: 0.5 + 1 / 64, Precision.int8: 1.0 + 4 / 4096, Precision.fp32: 4.0}.get(p, 2.0)
+    experts = a.expert_params()
+    linear_bytes = (linear - experts) * per_param + experts * (2.0 if p in QUANTISED else per_param)
     embed_w = 4 if c.backend.upcast_fp32 and p in QUANTISED else (4 if p is Precision.fp32 else 2)
     targets = a.resolve_lora_targets(list(c.lora.target_modules))
     targets = a.lora_targets if targets == ("all-linear",) else targets
     lora = a.lora_params(targets, c.lora.r) * (4 + 4 + 8)
     embeddings = (1 if a.tied_embeddings else 2) * a.vocab * a.hidden
-    return (linear * per_param + embeddings * embed_w + lora) / GIB + 0.5
+    return (linear_bytes + embeddings * embed_w + lora) / GIB + 0.5
 
 
 def layouts(c) -> list[Layout]:

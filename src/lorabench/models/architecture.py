@@ -201,6 +201,12 @@ class Architecture:
         moe = h * self.num_experts + experts * 3 * h * self.expert_intermediate
         return self.layers * attention + (self.layers - n_moe) * dense + n_moe * moe + h * self.vocab
 
+    def expert_params(self) -> int:
+        """An MoE model's expert weights, every expert of every MoE layer (0 for a dense model). transformers 5
+        stores them as 3-D parameters, which bitsandbytes does not quantise: they stay 16-bit in nf4 and int8
+        cells (lorabench.modeling.keep_experts_16bit)."""
+        return sum(self.moe_layers) * self.num_experts * 3 * self.hidden * self.expert_intermediate
+
     def total_params(self, active: bool = False) -> int:
         """Every parameter, as a checkpoint's size is quoted: matmul weights, embeddings (once when
         tied to the head), biases and norm weights; with `active` an MoE model's top-k experts only
