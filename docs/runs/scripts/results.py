@@ -338,6 +338,36 @@ def models_section() -> str:
         f"with backend.varlen_attention=false backend.fused_add_norm=false). Table: {cmd('models')}"])
 
 
+MOE = "2026-11-26_moe"  # bash docs/runs/scripts/2026-11-26_moe.sh at 5ca0dde (moe) and 6d88152 (moe_fast)
+
+
+def moe_section() -> str:
+    """qwen3-30b-a3b on the whole H200: hf, fast refused with fused_mlp, fast without it (two calls, one machine)."""
+    d = RUNS / MOE
+    results = load_cells(d / "qwen3-30b-a3b") + load_cells(d / "qwen3-30b-a3b_fast")
+    axes_ = an.axes(results)
+    ok = {r.config["backend"]["name"]: r for r in results if r.ok}
+    first = {b: json.loads((d / f"{sub}/0/steps.jsonl").read_text().splitlines()[0])["time_s"]
+             for b, sub in (("hf", "qwen3-30b-a3b"), ("fast", "qwen3-30b-a3b_fast"))}
+    notes = [f"- {an.label(r, axes_)}: {r.status.value}: {r.error}" for r in results if not r.ok]
+    return "\n".join([
+        "### A mixture of experts: qwen3-30b-a3b nf4, seq 1024, batch 4, every layer recomputed (one H200, whole GPU)",
+        "", "LoRA r16 on q/k/v/o (no adapters on the experts), paged_adamw_8bit, fixed-length rows, 5 timed steps "
+        "after 3. Its 128 x 48 experts stay bf16 in an nf4 cell (bitsandbytes quantises nn.Linear layers, "
+        f"transformers 5 stores experts as 3-D parameters: {ok['hf'].model['experts_unquantised'] / 1e9:.2f}B "
+        "weights, 2 bytes each); before lorabench kept them there, PEFT's QLoRA upcast made them fp32. Not "
+        "searched; the two backends ran in two calls on one machine.", "",
+        short_table(results, axes_), "", *notes, "",
+        f"fast less fused_mlp over hf: {ok['fast'].metrics['perf/tokens_per_s'] / ok['hf'].metrics['perf/tokens_per_s']:.2f}x "
+        f"(one unsearched cell each). The first, untimed step took {first['fast']:.0f} s with fast, "
+        f"{first['hf']:.0f} s with hf (not profiled: Triton's compilation of Liger's kernels for this shape is "
+        "the likely part).", "",
+        f"Run dir: [runs/{MOE}](runs/{MOE}) (`python train.py -m +experiment=seed_optimum model=qwen3-30b-a3b "
+        "data=synthetic gpu=auto seq_len=1024 batch=4 train.max_steps=8 train.untimed_steps=3 "
+        "train.checkpoint_fraction=1 backend=hf,fast`, then `backend=fast backend.fused_mlp=false`). "
+        f"Table: {cmd('moe')}"])
+
+
 def searched_best(dir_: str, backend: str) -> dict:
     """One backend's best of a search under SEARCHED: tok/s, layout, peak GiB, MFU %. A search cut short by its
     command's time limit writes no search.json: then the fastest of the cells it ran, marked so."""
@@ -456,7 +486,7 @@ CURRENT = """## hf, fast and Unsloth on the same rows (commit 22c8b76)
 Unsloth runs only on the fixed-length rows: its patched attention is not known to keep packed samples apart."""
 
 SECTIONS = {"model_search": model_search_section, "search512": lambda: search_section(512), "search1024": lambda: search_section(1024),
-            "models": models_section, "s512": lambda: budget_section(512), "s1024": lambda: budget_section(1024),
+            "models": models_section, "moe": moe_section, "s512": lambda: budget_section(512), "s1024": lambda: budget_section(1024),
             "s2048": lambda: budget_section(2048), "whole": whole_section, "profile": profile_section,
             "loss": loss_section, "seed_grid": seed_grid_section, "packing": packing_section,
             "diagnostic": diagnostic_section, "sizing": sizing_section, "ddp": ddp_section, "fsdp": fsdp_section,
