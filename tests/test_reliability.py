@@ -153,6 +153,7 @@ def test_a_cell_that_cannot_fit_in_host_memory_is_refused_before_anything_is_bui
     assert "lower batch (now 512) or seq_len (now 4096)" in r.error and not (tmp_path / "steps.jsonl").exists()
 
 
+@pytest.mark.slow  # ~14 s on 2 cores, the longest of make test but one: make test-slow and CI run it
 def test_the_watchdog_records_a_cell_that_crosses_its_host_memory_limit(tmp_path):
     """A limit 2.6 GiB above what this process holds: the cell passes the estimate (a lower bound: 2.1
     GiB, its logits and their gradient), grows past the limit while it trains (it would hold about 3.2
