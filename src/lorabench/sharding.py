@@ -1,35 +1,35 @@
-"""train.parallel=fsdp: the cell's model sharded over its processes with PyTorch's FSDP2 (fully_shard),
-through the HF Trainer's own FSDP support (accelerate's fsdp2_prepare_model does the wrapping).
+"""train.parallel=fsdp: the cell's model sharded over its processes with PyTorch's FSDP2 (fully_shard), through
+the HF Trainer's own FSDP support (accelerate's fsdp2_prepare_model does the wrapping).
 
 Why FSDP2 through the Trainer and not DeepSpeed ZeRO-3: the cell already trains with the Trainer and
 accelerate, which wrap each decoder layer with fully_shard from TrainingArguments(fsdp=...) alone; ZeRO-3
-would add a package and a JSON config for the same sharding, and its 4-bit support goes through the
-same bitsandbytes quant-storage trick. What is sharded: every parameter of each decoder layer (its own
-FSDP unit), the embeddings (one), the output head (one: see gather_head_with_final_norm) and the rest
-with the root, each split in dim 0 over the processes. The nf4 weights are stored as bf16 words (bnb_4bit_quant_storage, lorabench.modeling)
-so that they are a floating tensor FSDP can split and all-gather; their quantisation constants stay whole
-on every process (bitsandbytes keeps them on the module). A layer's weights are gathered before its
-forward, freed after it, and gathered again for its backward; the adapters' gradients are
-reduce-scattered. Each process keeps 1/N of the weights and of the adapters' optimizer state between
-layers.
+would add a package and a JSON config for the same sharding, and its 4-bit support goes through the same
+bitsandbytes quant-storage trick. What is sharded: every parameter of each decoder layer (its own FSDP unit),
+the embeddings (one), the output head (one: see gather_head_with_final_norm) and the rest with the root, each
+split in dim 0 over the processes. The nf4 weights are stored as bf16 words (bnb_4bit_quant_storage,
+lorabench.modeling) so that they are a floating tensor FSDP can split and all-gather; their quantisation
+constants stay whole on every process (bitsandbytes keeps them on the module). A layer's weights are gathered
+before its forward, freed after it, and gathered again for its backward; the adapters' gradients are
+reduce-scattered. Each process keeps 1/N of the weights and of the adapters' optimizer state between layers.
 
-Arithmetic: nothing is cast by FSDP (MixedPrecisionPolicy() with no dtypes), and the forward runs under
-the same autocast as in one process and under DDP, so the cell computes what its DDP twin computes, up
-to the order of the sums; gradients are reduced in their own dtype (fp32 adapters). That autocast is
-ours (`autocast`): accelerate wraps the model's forward in autocast for one process and DDP
+Arithmetic: nothing is cast by FSDP (MixedPrecisionPolicy() with no dtypes), and the forward runs under the
+same autocast as in one process and under DDP, so the cell computes what its DDP twin computes, up to the
+order of the sums; gradients are reduced in their own dtype (fp32 adapters). That autocast is ours
+(`autocast`): accelerate wraps the model's forward in autocast for one process and DDP
 (Accelerator.prepare_model) but not on its FSDP2 path (_prepare_fsdp2 leaves casting to the policy). Without
-it the QLoRA recipe's fp32 norms hand fp32 activations to every layer and bitsandbytes dequantises the
-4-bit weights to fp32: measured on 2 and 4 H200s, llama-3.3-70b's step took 14.3 s against 7.1 s in one
-process at the same batch per GPU (docs/runs/2026-11-26_fsdp, first try).
+it the QLoRA recipe's fp32 norms hand fp32 activations to every layer, and attention, the adapters and the
+head run in fp32 (bitsandbytes' 4-bit layers cast their input to bf16 and their product back): on 2 and 4
+H200s, llama-3.3-70b's step took 14.3 s against 7.1 s in one process at the same batch per GPU
+(docs/runs/2026-11-26_fsdp, first try).
 
-Checkpoints: SHARDED_STATE_DICT with the adapters only (the Trainer's adapter_only): each process writes
-its shards of the adapters and their optimizer state with torch.distributed.checkpoint, never the frozen
-base, and a re-run loads them back (lorabench.loop's resume).
+Checkpoints: SHARDED_STATE_DICT with the adapters only (the Trainer's adapter_only): each process writes its
+shards of the adapters and their optimizer state with torch.distributed.checkpoint, never the frozen base, and
+a re-run loads them back (lorabench.loop's resume).
 
 On CPU: accelerate 1.15 turns FSDP on only for accelerator devices (accelerate/state.py enables its
-fsdp_plugin for MULTI_GPU, MULTI_XPU, ... and not MULTI_CPU), while FSDP2 itself runs on CPU processes
-over gloo (torch 2.13). `enable_on_cpu` sets accelerate's state to FSDP there, so that the tests' CPU
-ranks run the same wrapping, step and checkpoint code as CUDA ranks do.
+fsdp_plugin for MULTI_GPU, MULTI_XPU, ... and not MULTI_CPU), while FSDP2 itself runs on CPU processes over
+gloo (torch 2.13). `enable_on_cpu` sets accelerate's state to FSDP there, so that the tests' CPU ranks run the
+same wrapping, step and checkpoint code as CUDA ranks do.
 """
 
 from __future__ import annotations
