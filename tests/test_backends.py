@@ -128,6 +128,23 @@ def test_unsloth_is_refused_on_cpu_and_with_options_it_does_not_read(monkeypatch
         backends.check(c, torch.device("cuda", 0))
 
 
+@pytest.mark.parametrize("model", ["gemma-2-9b", "mistral-nemo-12b"])
+def test_unsloth_on_a_model_without_a_folder_tokenizer_is_skipped_by_name(monkeypatch, model):
+    """Unsloth's loader reads a tokenizer from the model's folder: Gemma's ships in no package offline and
+    Mistral-Nemo's Tekken file is mistral-common's own format. The cell is skipped with the reason before a
+    random initialisation of many GB is drawn and saved for it (as llama's was, before its tokenizer failed);
+    with model.path the checkpoint's folder is the loader's own business."""
+    from lorabench.results import CellSkipped
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(backends.importlib.util, "find_spec", lambda n, *a: n == "unsloth" or real(n, *a))
+    c = OmegaConf.to_object(compose_cfg(["backend=unsloth", f"model={model}"]))
+    with pytest.raises(CellSkipped, match=f"model={model} has none to save there"):
+        backends.check(c, torch.device("cuda", 0))
+    c.model.path = "/models/checkpoint"
+    backends.check(c, torch.device("cuda", 0))
+
+
 def test_unsloth_cell_runs_in_a_process_of_its_own(tmp_path, monkeypatch):
     """Unsloth patches transformers' classes on import: its cell goes to the launcher (one process,
     no torchrun), never into this one, where the next cell of a sweep would inherit the patches."""

@@ -42,6 +42,11 @@ def check(c: Config, device: torch.device) -> None:
         if importlib.util.find_spec("unsloth") is None:
             raise CellSkipped("backend=unsloth: the unsloth package is not installed (pip install unsloth, "
                               "CUDA only); this cell is skipped, the others of the sweep run")
+        why = None if c.model.path else modeling.no_folder_tokenizer(c.model)
+        if why is not None:  # before a random initialisation of many GB is drawn and saved for it
+            raise CellSkipped(f"backend=unsloth: Unsloth's loader reads a tokenizer from the model's folder and "
+                              f"model={c.model.name} has none to save there ({why}); give model.path, a checkpoint "
+                              "with its tokenizer, or use backend=hf or fast")
         if device.type != "cuda":
             raise RuntimeError("backend=unsloth needs a CUDA GPU (Unsloth's kernels are Triton); on CPU use backend=hf")
     if fastpath.parts_on(c):

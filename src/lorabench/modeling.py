@@ -59,16 +59,26 @@ def save_fast_tokenizer(model_cfg: ModelConfig, directory: Path) -> None:
     from transformers import LlamaTokenizer
     from transformers.convert_slow_tokenizer import SentencePieceExtractor
 
+    why = no_folder_tokenizer(model_cfg)
+    if why is not None:
+        raise ValueError(f"model={model_cfg.name}: no tokenizer to save for a loader that reads a folder ({why})")
     arch = architecture_of(model_cfg)
     path = tokenizers.tokenizer_file(model_cfg, arch)
-    if path is None or path.suffix == ".json":  # none offline, or Tekken (mistral-common's own format)
-        why = tokenizers.reason(model_cfg, arch) if path is None else "Tekken is read by mistral-common only"
-        raise ValueError(f"model={model_cfg.name}: no tokenizer to save for a loader that reads a folder ({why})")
     if tokenizers.tokenizer_name(model_cfg, arch) in tokenizers.BPE:
         build_tokenizer(model_cfg).save_pretrained(directory)
         return
     spm = SentencePieceExtractor(str(path)).extract(None)
     LlamaTokenizer(vocab=spm["vocab"], merges=spm["merges"]).save_pretrained(directory)
+
+
+def no_folder_tokenizer(model_cfg: ModelConfig) -> str | None:
+    """Why this model's tokenizer cannot be saved as a tokenizer.json (save_fast_tokenizer), or None: none
+    ships offline, or it is Tekken (mistral-common's own format)."""
+    arch = architecture_of(model_cfg)
+    path = tokenizers.tokenizer_file(model_cfg, arch)
+    if path is None:
+        return tokenizers.reason(model_cfg, arch)
+    return "Tekken is read by mistral-common only" if path.suffix == ".json" else None
 
 
 def quantization_config(precision: Precision, double_quant: bool, sharded: bool = False):
