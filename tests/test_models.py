@@ -237,6 +237,46 @@ def test_hf_trains_every_architecture(model_type, checkpoints, tmp_path, monkeyp
         assert r.model["base_matmul"] > r.model["active_matmul"]
 
 
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "mixtral"])
+def test_lora_on_the_experts_gives_each_expert_its_adapter(model_type, checkpoints, tmp_path, monkeypatch):
+    """lora.experts=true: PEFT's target_parameters on each MoE layer's 3-D gate/up and down weights, one rank-r
+    adapter per expert beside q/k/v/o's. The cell trains (the loss falls), the trainable count is the
+    architecture's (r x (2h + 3f) an expert), every expert adapter has a gradient after a step, and the FLOPs
+    count an expert's adapters at the top-k share (2 of 4 here) as they do its weights."""
+    path = checkpoints / f"tiny-{model_type}"
+    built = spy(monkeypatch, modeling, "apply_lora")
+    r = run_in_process([f"model.path={path}", "data=synthetic", "seq_len=16", "batch=4", "data.max_samples=4",
+                        "train.max_steps=3", "train.untimed_steps=1", "lora.r=4", "lora.dropout=0",
+                        "lora.experts=true"], tmp_path)
+    assert r.status.value == "ok", r.error
+    assert r.metrics["train/loss_final"] < r.metrics["train/loss_first"]
+    arch = Architecture.from_hf_config(built[0].config)
+    qkvo = arch.lora_params(("q_proj", "k_proj", "v_proj", "o_proj"), 4)
+    on_experts = 2 * 4 * 4 * (2 * 64 + 3 * arch.expert_intermediate)  # layers x experts x r x (2h + 3f)
+    assert r.model["trainable"] == arch.lora_params(("q_proj", "k_proj", "v_proj", "o_proj"), 4, True) \
+        == qkvo + on_experts
+    assert r.model["trainable_active"] == qkvo + on_experts * 2 // 4
+    # lora_B starts at zero: each expert's part of it moved, so each expert's adapter was trained (64 tokens
+    # x top-2 of 4 experts reach every expert). PEFT lays it out [out, r x experts] as (out, r, experts).
+    b = {n: p.detach() for n, p in built[0].named_parameters() if ".experts." in n and "lora_B" in n}
+    assert len(b) == 2 * 2  # layers x (gate/up, down)
+    assert all(w.reshape(w.shape[0], 4, 4)[:, :, e].abs().sum() > 0 for w in b.values() for e in range(4))
+
+
+def test_lora_on_experts_is_refused_where_it_cannot_run():
+    """One line each: a dense model, LoRA dropout (PEFT's wrapper adapts the weights, not an input), and a
+    backend or sharding not checked against PEFT's wrapper."""
+    base = ["model=qwen3-30b-a3b", "lora.experts=true", "data=synthetic"]
+    for extra, message in ((["model=llama-3.1-8b"], "has no experts"), (["lora.dropout=0.05"], "use lora.dropout=0"),
+                           (["lora.dropout=0", "backend=fast"], "runs with backend=hf"),
+                           (["lora.dropout=0", "train.nproc=2", "train.parallel=fsdp"], "train.parallel=fsdp")):
+        c = OmegaConf.to_object(compose_cfg([*base, *extra]))
+        with pytest.raises(ValueError, match=message):
+            checks.check_targets(c, architecture_of(c.model))
+    c = OmegaConf.to_object(compose_cfg([*base, "lora.dropout=0", "precision=nf4"]))
+    checks.check_targets(c, architecture_of(c.model))
+
+
 def test_checks_read_the_checkpoints_shape(checkpoints):
     """model.path: the rank, seq_len and LoRA-target checks use its config.json, not model=tiny's."""
     path = checkpoints / "tiny-phi3"

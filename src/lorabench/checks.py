@@ -68,6 +68,19 @@ def packs(c: Config) -> bool:
 
 def check_targets(c: Config, arch: Architecture) -> None:
     arch.resolve_lora_targets(c.lora.target_modules)  # a name the architecture lacks: one line
+    if not c.lora.experts:
+        return
+    if not arch.is_moe:
+        raise ValueError(f"lora.experts=true: model={c.model.name} ({arch.model_type}) has no experts; use "
+                         "lora.experts=false")
+    if c.lora.dropout:
+        # PEFT's wrapper of a 3-D parameter adds B @ A to the weight: there is no input to drop out.
+        raise ValueError(f"lora.experts=true with lora.dropout={c.lora.dropout:g}: PEFT adapts the experts' "
+                         "3-D weights, not their inputs, and takes no dropout there; use lora.dropout=0")
+    if c.backend.name is not Backend.hf or c.train.sharded:
+        # Liger's and Unsloth's expert kernels, and FSDP's units, were not checked against PEFT's wrapper.
+        raise ValueError(f"lora.experts=true runs with backend=hf in one process or DDP (got backend="
+                         f"{c.backend.name.value}{', train.parallel=fsdp' if c.train.sharded else ''})")
 
 
 def check_batch(c: Config) -> None:
@@ -302,7 +315,7 @@ def host_memory_need(c: Config) -> dict[str, float]:
     h, layers, tokens = a.hidden, a.layers, c.batch * c.seq_len
     width = 2 if c.precision.name is Precision.bf16 else 4
     params = a.total_params()  # every weight, embeddings included (once when tied to the head)
-    lora = a.lora_params(_linear_targets(a, c.lora.target_modules), c.lora.r)
+    lora = a.lora_params(_linear_targets(a, c.lora.target_modules), c.lora.r, c.lora.experts)
     per_layer = (h if c.train.gradient_checkpointing else a.activation_width()) * tokens * width
     return {"weights": params * width + lora * (4 + 4 + 8), "logits": 2 * tokens * a.vocab * 4,
             "activations": layers * per_layer}

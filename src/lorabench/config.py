@@ -170,6 +170,9 @@ class LoraConfig:
     dropout: float = 0.05
     # Module names PEFT matches, or ["all-linear"] for every linear layer but the output head.
     target_modules: List[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    # An MoE model's experts adapted too (each expert its own rank-r adapter on its gate/up and down
+    # weights: PEFT's target_parameters on the 3-D expert tensors); needs lora.dropout=0 and backend=hf.
+    experts: bool = False
 
     def __post_init__(self) -> None:
         _positive("lora.r", self.r)

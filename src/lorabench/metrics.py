@@ -18,6 +18,7 @@ activations'), 2 for bf16/fp16 and 4 for fp32, read as the first decoder layer r
 (lorabench.meter.MatmulProbe).
 MFU: model FLOPs per non-pad token over the GPU's dense bf16 peak, with
   FLOPs = (4*N_active + 6*N_lora) per token + 12*H*head_dim*l*min(l, window) per layer and sample of l tokens.
+  N_lora counts the adapters a token runs through (with lora.experts, each expert's at the top-k share).
   A frozen base weight costs 2 (forward) + 2 (input gradient) FLOPs per token and has no weight
   gradient; an adapter weight costs the full 6. N_active counts an MoE layer's top-k experts only
   (what a token runs through); window is each layer's own (None: l). Recomputation from gradient
@@ -63,7 +64,8 @@ def summarize(steps: list[dict], window_s: float, params: dict, arch: Architectu
                                                   "sum_len_sq")}
     times = [s["time_s"] for s in timed]
     active = params.get("active_matmul", params["base_matmul"])  # a dense model's are its all
-    flops = ((4 * active + 6 * params["trainable"]) * tot["tokens_nonpad"]
+    lora = params.get("trainable_active", params["trainable"])  # (records before lora.experts: all of them)
+    flops = ((4 * active + 6 * lora) * tot["tokens_nonpad"]
              + arch.attention_flops(tot["sum_len_sq"], tot["tokens_nonpad"]))
     out = {
         "perf/tokens_per_s": tot["tokens_nonpad"] / window_s,

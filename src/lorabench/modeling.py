@@ -24,6 +24,10 @@ WEIGHT_DTYPE = {
     Precision.fp16: torch.float16,
     Precision.fp32: torch.float32,
 }
+# transformers 5's MoE layers (Qwen3-MoE, Mixtral): experts.gate_up_proj [E, 2f, h], experts.down_proj [E, h, f].
+EXPERT_WEIGHTS = ("gate_up_proj", "down_proj")
+
+
 def build_tokenizer(model_cfg: ModelConfig):
     """The model's real tokenizer, offline (lorabench.models.tokenizers): a Mistral model's from the
     file shipped inside the mistral-common wheel, Llama-3's, Qwen's and Phi-4's from the BPE ranks
@@ -193,9 +197,12 @@ def apply_lora(model, lora: LoraConfig, precision: Precision, gradient_checkpoin
         keep_experts_16bit(model, WEIGHT_DTYPE[precision])
     # The architecture's own names: q/k/v asked for on Phi-3's fused qkv_proj land on it (checks refused the rest).
     targets = Architecture.from_hf_config(model.config).resolve_lora_targets(lora.target_modules)
+    # lora.experts: every MoE layer's 3-D expert weights (checks refused it on a dense model).
+    experts = [f"experts.{w}" for w in EXPERT_WEIGHTS] if lora.experts else None
     peft_cfg = PeftLoraConfig(
         r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, bias="none", task_type="CAUSAL_LM",
-        target_modules="all-linear" if list(targets) == ["all-linear"] else list(targets))
+        target_modules="all-linear" if list(targets) == ["all-linear"] else list(targets),
+        target_parameters=experts)
     try:
         # autocast_adapter_dtype (PEFT's default) keeps the adapters in fp32 under bf16/fp16 weights.
         return get_peft_model(model, peft_cfg)
@@ -232,7 +239,8 @@ def count_params(model) -> dict:
     excluded (a lookup, not a matmul); an MoE layer's experts (3-D parameters in transformers 5)
     and router included. Quantised layers store packed values, so they are counted from their
     logical shapes. active_matmul: the same with each MoE layer's experts at the share a token runs
-    through (top-k of n), what a token costs. trainable: the adapter parameters. experts_unquantised:
+    through (top-k of n), what a token costs. trainable: the adapter parameters; trainable_active: those
+    a token runs through (lora.experts: each expert's adapters at the experts' share). experts_unquantised:
     the expert weights stored as floats (all of them in transformers 5, in nf4 and int8 cells too).
     """
     import torch.nn as nn
@@ -254,8 +262,11 @@ def count_params(model) -> dict:
             elif p.ndim == 2 and name.endswith("mlp.gate") and pname == "weight":  # the router: every token
                 base_matmul += p.numel()
                 active += p.numel()
-    for p in model.parameters():
+    lora_active = 0.0
+    for name, p in model.named_parameters():
         if p.requires_grad:
             lora += p.numel()
+            # lora.experts: an expert's adapter works on the tokens routed to it, top-k of n
+            lora_active += p.numel() * (share if ".experts." in name else 1.0)
     return {"base_matmul": int(base_matmul), "active_matmul": int(active), "trainable": int(lora),
-            "experts_unquantised": int(unquantised)}
+            "trainable_active": int(lora_active), "experts_unquantised": int(unquantised)}

@@ -429,7 +429,7 @@ def fixed_gib(c) -> float:
     embed_w = 4 if c.backend.upcast_fp32 and p in QUANTISED else (4 if p is Precision.fp32 else 2)
     targets = a.resolve_lora_targets(list(c.lora.target_modules))
     targets = a.lora_targets if targets == ("all-linear",) else targets
-    lora = a.lora_params(targets, c.lora.r) * (4 + 4 + 8)
+    lora = a.lora_params(targets, c.lora.r, c.lora.experts) * (4 + 4 + 8)
     embeddings = (1 if a.tied_embeddings else 2) * a.vocab * a.hidden
     return (linear_bytes + embeddings * embed_w + lora) / GIB + 0.5
 

@@ -183,10 +183,13 @@ class Architecture:
         """In how many decoder layers the nn.Linear `name` exists (an MoE layer's MLP has none)."""
         return sum(not m for m in self.moe_layers) if name in MLP + ("gate_up_proj",) else self.layers
 
-    def lora_params(self, targets, r: int) -> int:
-        """Trainable parameters of rank-r adapters on `targets`: r x (in + out) per projection and layer."""
+    def lora_params(self, targets, r: int, experts: bool = False) -> int:
+        """Trainable parameters of rank-r adapters on `targets`: r x (in + out) per projection and layer;
+        with `experts` (lora.experts) also one adapter per expert on its gate/up [2f x h] and down [h x f]
+        weights, r x (2h + 3f) an expert, as PEFT's target_parameters makes them."""
         shapes = self.projections()
-        return sum(r * sum(shapes[t]) * self.layer_counts(t) for t in targets)
+        on_experts = sum(self.moe_layers) * self.num_experts * r * (2 * self.hidden + 3 * self.expert_intermediate)
+        return sum(r * sum(shapes[t]) * self.layer_counts(t) for t in targets) + (on_experts if experts else 0)
 
     # ------------------------------------------------------------------ parameter counts
     def matmul_params(self, active: bool = False) -> int:
