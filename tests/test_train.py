@@ -240,6 +240,7 @@ def test_training_from_a_local_checkpoint(tmp_path):
     assert result.model["weights"] == str(tmp_path / "ckpt") and result.metrics["perf/tokens_per_s"] > 0
 
 
+@pytest.mark.slow  # six cells in a fresh interpreter, ~16 s on 2 cores: make test-slow and CI run it
 def test_diagnostic_experiment_runs_its_six_cells(tmp_path):
     run_cli("train.py", ["+experiment=diagnostic", "model=tiny", "data=tiny_instruct", "precision=fp32",
                          "optimizer=adamw_torch", "train.gradient_checkpointing=false", *FAST,
