@@ -10,7 +10,7 @@ import re
 import shutil
 
 import pytest
-from conftest import REPO, run_cli
+from conftest import REPO, compose_cfg, run_cli
 
 from lorabench import projection as pj
 from lorabench.config import ReportConfig
@@ -287,3 +287,21 @@ def test_a_multi_gpu_cell_projects_onto_as_many_gpus_of_each_target(profiled):
     nodes.config["train"]["nnodes"] = 2
     rows, notes = pj.project([nodes], targets, 10_000)
     assert not rows and "several nodes" in notes[0]
+
+
+def test_the_published_a100_figures_name_the_cells_of_their_experiment():
+    """docs/runs/fms_a100_80/tokens.csv (fms-acceleration's A100-80GB table) names each figure by the cell of
+    +experiment=fms_a100_check that computes the same work, so `bench.py suite=project ... measured=[it]`
+    meets them; each figure is its run's 100 steps x batch x 4,096 tokens over the published runtime."""
+    from lorabench import grid
+    from lorabench.results import cell_name
+
+    cfg = compose_cfg(["+experiment=fms_a100_check"], return_hydra_config=True)
+    cells = grid.expand(["+experiment=fms_a100_check"], cfg.hydra.sweeper.params)
+    rows = list(csv.DictReader((REPO / "docs/runs/fms_a100_80/tokens.csv").open()))
+    assert {r["cell"] for r in rows} == {cell_name(c, cells) for c in cells} and len(rows) == 4
+    assert {r["target"] for r in rows} == {"a100_80"}
+    runtime_s = {"batch=4,precision=bf16": 492.8771, "batch=4,precision=nf4": 564.2301}  # as published
+    for r in rows:
+        if r["cell"] in runtime_s:
+            assert float(r["tokens_per_s"]) * runtime_s[r["cell"]] == pytest.approx(100 * 4 * 4096, rel=1e-6)
