@@ -49,7 +49,7 @@ class Watch:
     guard: Guard
     profiler: StepProfiler | None
     callbacks: list
-    probe: MatmulProbe | None = None
+    probe: MatmulProbe | None
 
 
 def measure(c: Config, run_dir: Path, result: CellResult, logger: MetricLogger, rank: int = 0) -> dict:
@@ -65,11 +65,10 @@ def _measure(c: Config, run_dir: Path, result: CellResult, logger: MetricLogger,
     ckpt_dir = run_dir / "checkpoints"
     steps_file = run_dir / ("steps.jsonl" if rank == 0 else f"steps.rank{rank}.jsonl")
     resume = resume_state(c, ckpt_dir, steps_file, result)
-    watch = watch_training(c, device, run_dir, steps_file, resume, logger, rank)
-    if c.backend.name is not Backend.unsloth and not c.backend.compile:  # (see MatmulProbe)
-        watch.probe = MatmulProbe(fastpath.decoder_layers(model)[0])
+    first_layer = fastpath.decoder_layers(model)[0]
+    watch = watch_training(c, device, run_dir, steps_file, resume, logger, rank, first_layer)
     # FSDP's unit, with train.parallel=fsdp over several processes: the decoder layer's class
-    layer_class = type(fastpath.decoder_layers(model)[0]).__name__ if c.train.sharded else ""
+    layer_class = type(first_layer).__name__ if c.train.sharded else ""
     if c.train.sharded:
         sharding.gather_head_with_final_norm(model)
     trainer = MeasuredTrainer(model=model, args=training_arguments(c, device, ckpt_dir, layer_class),
@@ -142,8 +141,9 @@ def resume_state(c: Config, ckpt_dir: Path, steps_file: Path, result: CellResult
 
 
 def watch_training(c: Config, device: torch.device, run_dir: Path, steps_file: Path, resume: Resume,
-                   logger: MetricLogger, rank: int) -> Watch:
-    """The meter that times the steps after the untimed ones, the samplers, and the callbacks."""
+                   logger: MetricLogger, rank: int, first_layer: torch.nn.Module) -> Watch:
+    """The meter that times the steps after the untimed ones, the samplers, the matmul-width probe on the
+    model's first decoder layer, and the callbacks."""
     sampler = NvmlSampler(device) if device.type == "cuda" else None
     # Untimed: the first train.untimed_steps, then the profiled ones (profiling slows a step down).
     untimed = c.train.untimed + c.train.profile_steps
@@ -157,7 +157,9 @@ def watch_training(c: Config, device: torch.device, run_dir: Path, steps_file: P
     if c.train.profile_steps and rank == 0:  # one rank's profile: the others wait on it at the all-reduce
         profiler = StepProfiler(device, c.train.untimed, c.train.profile_steps, run_dir, meter)
         callbacks.insert(1, profiler)  # after the meter, whose step-end synchronisation it relies on
-    return Watch(meter, sampler, guard, profiler, callbacks)
+    # Unsloth's kernels bypass the layer's forward and a compiled layer would trace the probe (see MatmulProbe)
+    probe = MatmulProbe(first_layer) if c.backend.name is not Backend.unsloth and not c.backend.compile else None
+    return Watch(meter, sampler, guard, profiler, callbacks, probe)
 
 
 def training_arguments(c: Config, device: torch.device, ckpt_dir: Path, layer_class: str = "") -> TrainingArguments:

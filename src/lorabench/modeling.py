@@ -212,8 +212,8 @@ def apply_lora(model, lora: LoraConfig, precision: Precision, gradient_checkpoin
         raise
 
 
-def keep_experts_16bit(model, dtype: torch.dtype) -> int:
-    """An MoE model's frozen expert weights back at `dtype` after PEFT's QLoRA upcast; returns how many.
+def keep_experts_16bit(model, dtype: torch.dtype) -> None:
+    """An MoE model's frozen expert weights back at `dtype` after PEFT's QLoRA upcast (count_params counts them).
 
     bitsandbytes quantises nn.Linear layers only, and transformers 5 stores each MoE layer's experts as
     3-D parameters of one module: in an nf4 or int8 cell they load in bf16. prepare_model_for_kbit_training
@@ -221,15 +221,12 @@ def keep_experts_16bit(model, dtype: torch.dtype) -> int:
     with them: Qwen3-30B-A3B's 28.99B expert weights would take 116 GB in fp32 against 58 GB in bf16, and
     its grouped GEMMs would run in fp32. transformers' expert kernels cast their input to the weights'
     dtype (integrations/moe.py), so the fp32 norms' output meets bf16 experts as it meets bf16 layers."""
-    kept = 0
     for name, module in model.named_modules():
         if not name.endswith("experts"):
             continue
         for p in module.parameters(recurse=False):
             if p.ndim == 3 and not p.requires_grad and p.is_floating_point() and p.dtype != dtype:
                 p.data = p.data.to(dtype)
-                kept += p.numel()
-    return kept
 
 
 def count_params(model) -> dict:
