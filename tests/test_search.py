@@ -133,16 +133,32 @@ def test_a_backend_that_cannot_run_stops_its_search():
 
 def test_search_end_to_end_on_cpu(tmp_path):
     """`train.py +experiment=tune` with the tiny model on the CPU, a 2 x 2 space: every cell it measured
-    is a cell dir of the sweep, search.json lists them, and the report opens with the answer."""
+    is a cell dir of the sweep, search.json lists them, and the report opens with the answer. The same
+    command again resumes it: a cell cut short runs again, the finished ones are read back; another
+    command into the same dir is refused before anything runs."""
     d = tmp_path / "sweep"
-    proc = run_cli("train.py", ["+experiment=tune", "backend=hf", "model=tiny", "precision=fp32",
-                                "optimizer=adamw_torch", "data=tiny_instruct", "gpu=cpu", "search.batches=[1,2]",
-                                "search.checkpoint_fractions=[1,0]", "search.offload_fractions=[0]", "seq_len=64",
-                                "train.max_steps=3", "train.untimed_steps=1", "data.max_samples=16",
-                                f"hydra.sweep.dir={d}"])
+    args = ["+experiment=tune", "backend=hf", "model=tiny", "precision=fp32", "optimizer=adamw_torch",
+            "data=tiny_instruct", "gpu=cpu", "search.batches=[1,2]", "search.checkpoint_fractions=[1,0]",
+            "search.offload_fractions=[0]", "seq_len=64", "train.max_steps=3", "train.untimed_steps=1",
+            "data.max_samples=16", f"hydra.sweep.dir={d}"]
+    proc = run_cli("train.py", args)
     (rec,) = load_searches(d)
     measured = [t for t in rec.trials if t.job is not None]
     assert measured and all(t.status == "ok" for t in measured)
+    # every cell the search launched, and only those, counted (not the command line's one outer cell)
+    assert f"cells: {len(measured)} = {len(measured)} ok\n" in proc.stderr
+
+    last = d / str(measured[-1].job) / "metrics.json"
+    last.unlink()  # as if the device's time limit had cut the last cell
+    again = run_cli("train.py", args)
+    assert "none run" not in again.stderr
+    assert again.stderr.count("cell already finished") == len(measured) - 1
+    assert json.loads(last.read_text())["status"] == "ok"
+    (rec2,) = load_searches(d)
+    assert [(t.layout, t.batch, t.job) for t in rec2.trials] == [(t.layout, t.batch, t.job) for t in rec.trials]
+
+    other = run_cli("train.py", [a.replace("backend=hf", "backend=fast") for a in args], check=False)
+    assert other.returncode == 2 and "holds a search of another command (+experiment=tune,backend=hf" in other.stderr
     for t in measured:
         cell = json.loads((d / str(t.job) / "metrics.json").read_text())
         assert cell["config"]["batch"] == t.batch and cell["status"] == "ok"

@@ -494,6 +494,15 @@ class SearchRecord:
                       "dropout_zero": [trial(t) for t in d.get("dropout_zero", [])]})
 
 
+def _key(override: str) -> str:
+    return override.split("=")[0].lstrip("+~")
+
+
+def outer_cells(cells: list[list[str]]) -> list[list[str]]:
+    """The command line's cells less the keys the search sets (one search each, in order, once)."""
+    return [list(c) for c in dict.fromkeys(tuple(o for o in cell if _key(o) not in SEARCH_KEYS) for cell in cells)]
+
+
 def write_searches(sweep_dir: Path, records: list[SearchRecord]) -> None:
     atomic_write_json(Path(sweep_dir) / SEARCH_FILE, {"searches": [asdict(r) for r in records]})
 
@@ -533,12 +542,11 @@ class BudgetSearch(Sweeper):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         cells = expand(arguments, OmegaConf.create(self.params), self.hydra_context.config_loader)
-        key = lambda o: o.split("=")[0].lstrip("+~")  # noqa: E731
-        if dropped := sorted({key(o) for cell in cells for o in cell if key(o) in SEARCH_KEYS}):
+        if dropped := sorted({_key(o) for cell in cells for o in cell if _key(o) in SEARCH_KEYS}):
             print(f"search: {', '.join(dropped)} set by the search in every cell; the command line's value is not "
                   "used (the candidates are search.batches, search.checkpoint_fractions, search.offload_fractions)",
                   file=sys.stderr)
-        outer = [list(c) for c in dict.fromkeys(tuple(o for o in cell if key(o) not in SEARCH_KEYS) for cell in cells)]
+        outer = outer_cells(cells)
         records: list[SearchRecord] = []
         for cell in outer:
             records.append(self.search_one(cell, outer, sweep_dir))

@@ -173,6 +173,20 @@ def stale_cells(sweep_dir: Path, n_cells: int) -> list[str]:
             if p.name.isdigit() and int(p.name) >= n_cells and rundir.bound_config(p) is not None]
 
 
+def is_search(config: DictConfig) -> bool:
+    """The sweep is +experiment=tune's search (lorabench.search), whose cells it chooses as it goes."""
+    return str(OmegaConf.select(config, "hydra.sweeper._target_", default="")).endswith("lorabench_search.BudgetSearch")
+
+
+def other_searches(sweep_dir: Path, cells: list[list[str]]) -> list[str]:
+    """A search dir's searches that are not one of this command's: a search of another command's."""
+    from lorabench.search import load_searches, outer_cells
+
+    outer = outer_cells(cells)
+    return [f"{sweep_dir} holds a search of another command ({','.join(r.outer)})"
+            for r in load_searches(sweep_dir) if r.outer not in outer]
+
+
 class Preflight(Callback):
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
         run_dir = Path(config.hydra.run.dir)
@@ -190,14 +204,18 @@ class Preflight(Callback):
         enter_dir(sweep_dir, None, "hydra.sweep.dir", keep=())
         loader = GlobalHydra.instance().config_loader()
         cells = expand(list(config.hydra.overrides.task), config.hydra.sweeper.params, loader)
-        bad = check_cells(config, cells, loader, sweep_dir)
-        stale = stale_cells(sweep_dir, len(cells))
+        # A search's cell dirs are numbered in the order it runs its cells, not the command line's: the
+        # dir binding is checked per cell as each one starts, and against the searches it holds here.
+        search = is_search(config)
+        bad = check_cells(config, cells, loader, None if search else sweep_dir)
+        stale = other_searches(sweep_dir, cells) if search else stale_cells(sweep_dir, len(cells))
         if (stale or any(b.bound for b in bad)) and OmegaConf.select(config, "sweep.overwrite", default=False):
             moved = rundir.move_aside(sweep_dir)
             print(f"preflight: {sweep_dir} held runs of another sweep: moved aside to {moved} (sweep.overwrite=true)",
                   file=sys.stderr)
             bad, stale = [replace(b, bound=None) for b in bad if b.problems], []
-        atomic_write_json(sweep_dir / CELLS_FILE, {"cells": cells})
+        # (a search's cells are written as it launches them: lorabench.search.BudgetSearch.launch)
+        atomic_write_json(sweep_dir / CELLS_FILE, {"cells": [] if search else cells})
         report_error = check_report(config, len(cells))
         stop = report_and_decide(bad, stale, report_error, len(cells),
                                  OmegaConf.select(config, "sweep.keep_going", default=False))

@@ -368,20 +368,80 @@ def moe_section() -> str:
         f"Table: {cmd('moe')}"])
 
 
-def searched_best(dir_: str, backend: str) -> dict:
-    """One backend's best of a search under SEARCHED: tok/s, layout, peak GiB, MFU %. A search cut short by its
-    command's time limit writes no search.json: then the fastest of the cells it ran, marked so."""
-    d = RUNS / SEARCHED / dir_
+def searched_best(dir_: str, backend: str, run: str = SEARCHED) -> dict | None:
+    """One backend's best of a search under `run`: tok/s, layout, peak GiB, MFU %. A search cut short by its
+    command's time limit writes no search.json: then the fastest of the cells it ran, marked so (None: none ran)."""
+    d = RUNS / run / dir_
     recs = [r for r in load_searches(d) if r.backend == backend] if (d / "search.json").exists() else []
     if recs:
         b = recs[0].best
         m = json.loads((d / str(b.job) / "metrics.json").read_text())["metrics"]
         return dict(tok=b.tok_s, layout=f"b{b.batch} {b.layout}", peak=b.peak_gib, mfu=m.get("perf/mfu_pct"))
     cells = [r for r in load_cells(d) if r.config["backend"]["name"] == backend]
-    best = max((r for r in cells if r.ok), key=lambda r: r.metrics["perf/tokens_per_s"])
+    best = max((r for r in cells if r.ok), key=lambda r: r.metrics["perf/tokens_per_s"], default=None)
+    if best is None:
+        return None
     m = best.metrics
     return dict(tok=m["perf/tokens_per_s"], peak=m["mem/peak_reserved_gib"], mfu=m.get("perf/mfu_pct"),
                 layout=f"{an.layout_name(best)} (search cut short after {len(cells)} cells)")
+
+
+BEST = "2026-11-26_best"  # bash docs/runs/scripts/2026-11-26_best.sh 6a9ca22 c1|c2|c3: one H100, three calls
+# (model, seq_len) -> the sweep of hf's and fast's searches, the sweep of Unsloth's (None: it did not run)
+BEST_SWEEPS = {("mistral-7b-v0.3", 512): ("mistral-7b_s512", "mistral-7b_s512"),
+               ("llama-3.1-8b", 1024): ("llama-3.1-8b_s1024", "llama-3.1-8b_s1024_unsloth"),
+               ("qwen2.5-7b", 1024): ("qwen2.5-7b_s1024", None)}
+
+
+def best3_section() -> str:
+    """hf, fast and Unsloth each searched within 22 GiB, on one H100 in one lease (issues 34 and 35)."""
+    head = ["model, seq", "hf's best: layout", "tok/s", "fast's best: layout", "tok/s", "MFU %", "Unsloth's best: layout",
+            "tok/s", "MFU %", "fast / hf", "fast / Unsloth", "Unsloth / hf"]
+    rows = []
+    for (model, seq), (main, uns) in BEST_SWEEPS.items():
+        h, f = searched_best(main, "hf", BEST), searched_best(main, "fast", BEST)
+        u = searched_best(uns, "unsloth", BEST) if uns else None
+        cut = " (cut short)" if u and "cut short" in u["layout"] else ""
+        rows.append([f"{model}, {seq}", h["layout"], f"{h['tok']:,.0f}", f["layout"], f"{f['tok']:,.0f}",
+                     f"{f['mfu']:.1f}", u["layout"] if u else "not measured (the time limit)",
+                     f"{u['tok']:,.0f}" if u else "-", f"{u['mfu']:.1f}" if u else "-", f"{f['tok'] / h['tok']:.2f}x",
+                     f"{f['tok'] / u['tok']:.2f}x{cut}" if u else "-", f"{u['tok'] / h['tok']:.2f}x{cut}" if u else "-"])
+    d = RUNS / BEST / "mistral-7b_s512"
+    results, searches = load_cells(d), load_searches(d)
+    lu = RUNS / BEST / "llama-3.1-8b_s1024_unsloth"
+    lcells = load_cells(lu)
+    ltable = an.md_table(["cell", "batch, layout", "status", "tok/s non-pad", "MFU %", "peak resv GiB"], [
+        [r.job_num, an.layout_name(r), r.status.value, f"{r.metrics['perf/tokens_per_s']:,.0f}" if r.ok else "-",
+         f"{r.metrics['perf/mfu_pct']:.1f}" if r.ok else "-", an.num(r.metrics.get("mem/peak_reserved_gib"), ".2f")]
+        for r in lcells])
+    return "\n".join([
+        "### hf, fast and Unsloth, each searched within 22 GiB, fixed-length rows (one H100, one lease)", "",
+        an.md_table(head, rows), "",
+        "Each backend's best of `+experiment=tune` (lorabench.search: at most 10 measured cells per backend, 14 steps of "
+        "which 4 untimed): nf4, LoRA r16 on q/k/v/o, dropout 0.05, paged_adamw_8bit, random weights (speed and memory "
+        "hold, not quality). Unsloth's space is its own: its checkpointing off, on, or offloaded to host memory, times "
+        "batch. One NVIDIA H100 80GB HBM3, held for three consecutive calls. Mistral-7B: the three searches in one "
+        "sweep. Llama-3.1-8B: hf's and fast's in one sweep, Unsloth's in the next call on the same machine (a sweep of "
+        "its own, started 9 minutes after fast's last cell), cut by the call's time limit after "
+        f"{sum(r.ok or r.status.value == 'oom' for r in lcells)} measured cells with one layout (checkpointing on, "
+        "batch 24) left to finish; its best so far is given, marked. Qwen2.5-7B: Unsloth's first cell was cut by the "
+        "time limit, so no Unsloth figure. Each Unsloth cell runs in a process of its own (its patches are "
+        "process-wide): 60-80 s of imports, load and compilation per cell against ~15 s for hf and fast, which is "
+        "what the time limit ran out on.", "",
+        "Mistral-7B at seq 512, the report of that sweep:", "",
+        an.answer(results, searches), "",
+        an.backend_table(results, an.axes(results), searches), "",
+        an.search_table(searches), "",
+        "Unsloth's search stopped after two cells: without checkpointing, batch 6 -> 8 gained -1.1% (under the 3% "
+        "plateau) with batch 12 estimated over the budget, so its layouts that save memory, which only buy a larger "
+        "batch, were skipped (lorabench.search: dominated). Its slower layouts at larger batches were measured before "
+        "(issue 35's table: batch 16 offloaded 13,160 tok/s, batch 64 every layer recomputed 11,775).", "",
+        "Llama-3.1-8B at seq 1024, Unsloth's search (cut short; every cell it ran):", "",
+        ltable, "",
+        f"Run dir: [runs/{BEST}](runs/{BEST}) (`bash docs/runs/scripts/2026-11-26_best.sh 6a9ca22 c1|c2|c3`: "
+        "`python train.py -m +experiment=tune gpu=a10 train.max_steps=14 train.untimed_steps=4 search.max_cells=10 "
+        "backend=hf,fast,unsloth model=<model> seq_len=<seq>`; the whole log in log.txt). "
+        f"Table: {cmd('best3')}"])
 
 
 def model_search_section() -> str:
@@ -438,10 +498,22 @@ def glance() -> str:
     w = final.group("whole/auto")
     wf, wu = final.best(w, "fast"), final.best(w, "unsloth")
     big = {r.config["backend"]["name"]: r.metrics["perf/tokens_per_s"] for r in load_cells(RUNS / SEARCHED / "llama-3.3-70b")}
+    b3 = {b: searched_best("mistral-7b_s512", b, BEST) for b in ("hf", "fast", "unsloth")}
+    l3 = {b: searched_best(*(("llama-3.1-8b_s1024_unsloth", b) if b == "unsloth" else ("llama-3.1-8b_s1024", b)), BEST)
+          for b in ("hf", "fast", "unsloth")}
     return "\n".join([
-        f"- Searched, within 22 GiB on one H100, seq 512, fixed-length rows (`+experiment=tune`, 12 cells per backend): "
-        f"fast's best {tf:,.0f} non-pad tokens/s ({an.layout_name(best['fast'])}), hf's best {th:,.0f} "
-        f"({an.layout_name(best['hf'])}): {tf / th:.2f}x, best against best.",
+        "- hf, fast and Unsloth each searched (`+experiment=tune`, at most 10 cells each) within 22 GiB on one H100, "
+        "seq 512, fixed-length rows, Mistral-7B nf4, in one sweep: " + ", ".join(
+            f"{n} {b3[b]['tok']:,.0f} non-pad tokens/s ({b3[b]['layout']})"
+            for b, n in (("fast", "fast"), ("unsloth", "Unsloth"), ("hf", "hf")))
+        + f": fast {b3['fast']['tok'] / b3['hf']['tok']:.2f}x hf's best and "
+        f"{b3['fast']['tok'] / b3['unsloth']['tok']:.2f}x Unsloth's. Llama-3.1-8B at seq 1024 on the same machine: "
+        f"fast {l3['fast']['tok'] / l3['hf']['tok']:.2f}x hf's best, {l3['fast']['tok'] / l3['unsloth']['tok']:.2f}x "
+        "Unsloth's best so far (its search cut short by the time limit).",
+        f"- An earlier search of hf and fast alone, same setup ({TUNE}): fast's best {tf:,.0f} non-pad tokens/s "
+        f"({an.layout_name(best['fast'])}), hf's best {th:,.0f} ({an.layout_name(best['hf'])}): {tf / th:.2f}x "
+        f"(fast's bests of the two runs differ by {100 * abs(b3['fast']['tok'] / tf - 1):.0f}%: repeat a search before "
+        "trusting a small difference).",
         f"- Within 22 GiB on one H100, seq 512, fixed-length rows (Mistral-7B nf4, LoRA r16 q/k/v/o), an earlier run: fast "
         f"{f['tok']:,.0f} non-pad tokens/s ({words(f['layout'])}); Unsloth {u['tok']:,.0f} (the faster of its {nu} "
         f"cells, {words(u['layout'])}); hf {h['tok']:,.0f} (the seed's cell, {words(h['layout'])}). hf and Unsloth "
@@ -480,12 +552,12 @@ seq 2048), and Unsloth two batch sizes with every layer recomputed (its own defa
 those cells, not against their best: hf with fewer layers recomputed or a larger batch may be faster (at seq 512 its
 batch 16 also fits in 22 GiB, see "What fits" below), and so may Unsloth with fewer layers recomputed.
 
-## Newest: each model's searched best, Llama-3.3-70B (commit 3bc030e), searched bests of Mistral-7B (c836200, 50f810d)"""
+## Newest: hf, fast and Unsloth each searched (commit 6a9ca22); each model's searched best, Llama-3.3-70B (3bc030e), searched bests of Mistral-7B (c836200, 50f810d)"""
 CURRENT = """## hf, fast and Unsloth on the same rows (commit 22c8b76)
 
 Unsloth runs only on the fixed-length rows: its patched attention is not known to keep packed samples apart."""
 
-SECTIONS = {"model_search": model_search_section, "search512": lambda: search_section(512), "search1024": lambda: search_section(1024),
+SECTIONS = {"best3": best3_section, "model_search": model_search_section, "search512": lambda: search_section(512), "search1024": lambda: search_section(1024),
             "models": models_section, "moe": moe_section, "s512": lambda: budget_section(512), "s1024": lambda: budget_section(1024),
             "s2048": lambda: budget_section(2048), "whole": whole_section, "profile": profile_section,
             "loss": loss_section, "seed_grid": seed_grid_section, "packing": packing_section,
