@@ -134,8 +134,7 @@ def test_a_backend_that_cannot_run_stops_its_search():
 def test_search_end_to_end_on_cpu(tmp_path):
     """`train.py +experiment=tune` with the tiny model on the CPU, a 2 x 2 space: every cell it measured
     is a cell dir of the sweep, search.json lists them, and the report opens with the answer. The same
-    command again resumes it: a cell cut short runs again, the finished ones are read back; another
-    command into the same dir is refused before anything runs."""
+    command again resumes it: a cell cut short runs again, the finished ones are read back."""
     d = tmp_path / "sweep"
     args = ["+experiment=tune", "backend=hf", "model=tiny", "precision=fp32", "optimizer=adamw_torch",
             "data=tiny_instruct", "gpu=cpu", "search.batches=[1,2]", "search.checkpoint_fractions=[1,0]",
@@ -145,6 +144,13 @@ def test_search_end_to_end_on_cpu(tmp_path):
     (rec,) = load_searches(d)
     measured = [t for t in rec.trials if t.job is not None]
     assert measured and all(t.status == "ok" for t in measured)
+    for t in measured:
+        cell = json.loads((d / str(t.job) / "metrics.json").read_text())
+        assert cell["config"]["batch"] == t.batch and cell["status"] == "ok"
+    assert rec.best.batch == 2 and rec.best.job is not None  # no budget on a CPU: the largest batch first
+    assert re.search(r"\[search 1/12\] b2 ckpt 0 offload 0: [\d,]+ tok/s", proc.stderr)
+    md = (d / "results.md").read_text()
+    assert md.startswith("Answer:") and "fastest is hf b2 ckpt 0 offload 0" in md
     # every cell the search launched, and only those, counted (not the command line's one outer cell)
     assert f"cells: {len(measured)} = {len(measured)} ok\n" in proc.stderr
 
@@ -157,15 +163,19 @@ def test_search_end_to_end_on_cpu(tmp_path):
     (rec2,) = load_searches(d)
     assert [(t.layout, t.batch, t.job) for t in rec2.trials] == [(t.layout, t.batch, t.job) for t in rec.trials]
 
-    other = run_cli("train.py", [a.replace("backend=hf", "backend=fast") for a in args], check=False)
-    assert other.returncode == 2 and "holds a search of another command (+experiment=tune,backend=hf" in other.stderr
-    for t in measured:
-        cell = json.loads((d / str(t.job) / "metrics.json").read_text())
-        assert cell["config"]["batch"] == t.batch and cell["status"] == "ok"
-    assert rec.best.batch == 2 and rec.best.job is not None  # no budget on a CPU: the largest batch first
-    assert re.search(r"\[search 1/12\] b2 ckpt 0 offload 0: [\d,]+ tok/s", proc.stderr)
-    md = (d / "results.md").read_text()
-    assert md.startswith("Answer:") and "fastest is hf b2 ckpt 0 offload 0" in md
+
+def test_a_search_dir_refuses_another_commands_search_and_not_a_report_option(tmp_path):
+    """The preflight of a search (lorabench.sweep.other_searches): a dir holding the search of another outer
+    cell is named; one that differs only in what a result does not depend on (report.*) resumes."""
+    from lorabench.search import SearchRecord, write_searches
+    from lorabench.sweep import other_searches
+
+    cell = ["+experiment=tune", "backend=hf", "seq_len=512"]
+    write_searches(tmp_path, [SearchRecord("search", cell, "hf", 22.0, 512, 12, [], None, "", {})])
+    assert other_searches(tmp_path, [cell + ["report.project=false"]]) == []
+    assert other_searches(tmp_path, [cell + ["batch=8"]]) == []  # set by the search in every cell
+    (line,) = other_searches(tmp_path, [["+experiment=tune", "backend=fast", "seq_len=512"]])
+    assert "holds a search of another command (+experiment=tune,backend=hf,seq_len=512)" in line
 
 
 def cell(job, backend, batch, ckpt, tok, dropout=0.05, offload=0.0):

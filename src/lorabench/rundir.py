@@ -44,6 +44,13 @@ LOCK_FILE = ".lock"
 # train.resume), where tokenised data is cached (data.cache_dir: the same tokens either way) and how
 # long a step may run on after SIGTERM (train.sigterm_grace_s). hydra.* never reaches a cell's config.
 IGNORED = ("logger", "report", "sweep", "train.force", "train.resume", "train.sigterm_grace_s", "data.cache_dir")
+
+
+def ignored(key: str) -> bool:
+    """A dotted config key that a cell's result does not depend on (IGNORED, or one below it)."""
+    return any(key == i or key.startswith(i + ".") for i in IGNORED)
+
+
 # Files of the run now under way that stay when an old run is moved aside at the cell's start: Hydra
 # has written them for this run already.
 OWN_FILES = (".hydra", "train.log", LOCK_FILE)
@@ -62,7 +69,7 @@ class RunDirError(Exception):
 
 def fingerprint(config: dict) -> dict:
     """The keys that decide what a cell measures and their values, flat and as JSON reads them back."""
-    flat = {k: v for k, v in flatten(config).items() if not any(k == i or k.startswith(i + ".") for i in IGNORED)}
+    flat = {k: v for k, v in flatten(config).items() if not ignored(k)}
     return json.loads(json.dumps(flat, sort_keys=True, default=str))  # tuples become lists, as read back
 
 

@@ -182,9 +182,12 @@ def other_searches(sweep_dir: Path, cells: list[list[str]]) -> list[str]:
     """A search dir's searches that are not one of this command's: a search of another command's."""
     from lorabench.search import load_searches, outer_cells
 
-    outer = outer_cells(cells)
+    def binding(cell: list[str]) -> list[str]:  # the overrides a cell's result depends on (lorabench.rundir)
+        return [o for o in cell if not rundir.ignored(o.split("=")[0].lstrip("+~"))]
+
+    outer = [binding(c) for c in outer_cells(cells)]
     return [f"{sweep_dir} holds a search of another command ({','.join(r.outer)})"
-            for r in load_searches(sweep_dir) if r.outer not in outer]
+            for r in load_searches(sweep_dir) if binding(r.outer) not in outer]
 
 
 class Preflight(Callback):

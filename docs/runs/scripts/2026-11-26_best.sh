@@ -15,6 +15,10 @@
 #              fixed-length rows, nf4, LoRA r16 q/k/v/o dropout 0.05, paged_adamw_8bit, 14 steps of which 4
 #              untimed, at most 10 measured cells per backend (an Unsloth cell loads the model in a process
 #              of its own: ~80 s against ~15 s for the others)
+# What ran at 6a9ca22: c1 fms, then llama-3.1-8b_s1024 until the limit (Unsloth's first cell cut); c2 tried to
+# resume it, which the preflight refused (fixed in 5458e1c: a search's cell dirs are numbered in its own order), so
+# it went on to mistral-7b_s512 (finished) and qwen2.5-7b_s1024 (Unsloth's first cell cut); c3 the Unsloth search of
+# llama-3.1-8b alone, cut after 7 cells. Then the session's device time was spent.
 set -u
 LIMIT_S=${LIMIT_S:-570}; source "$(dirname "$0")/device_setup.sh" "$@"  # wheels, environment, run, t0
 R=/tmp/runs; mkdir -p $R; log=$R/log.txt; echo "=== call $2 at commit $1" >> $log
@@ -30,11 +34,16 @@ sweep() {  # sweep <name> <train.py arguments...>: once, resumed until it finish
   echo "$name: exit $rc after $((SECONDS - t0)) s" | tee -a $log
   [ $rc -ne 124 ] && [ $rc -ne 4 ] && touch $R/$name/done && rm -rf /tmp/cache/random_init  # (16 GB a model)
 }
-tune="-m +experiment=tune gpu=a10 train.max_steps=14 train.untimed_steps=4 search.max_cells=10 backend=hf,fast,unsloth"
+search="-m +experiment=tune gpu=a10 train.max_steps=14 train.untimed_steps=4 search.max_cells=10"
+tune="$search backend=hf,fast,unsloth"
+if [ $2 = c3 ]; then  # (sent inline, LIMIT_S=480: c2's resume of llama-3.1-8b_s1024 was refused, fixed in 5458e1c)
+  sweep llama-3.1-8b_s1024_unsloth $search backend=unsloth model=llama-3.1-8b seq_len=1024
+else
 sweep fms -m +experiment=fms_a100_check train.max_steps=14 train.untimed_steps=4 train.profile_steps=2 \
   && sweep llama-3.1-8b_s1024 $tune model=llama-3.1-8b seq_len=1024 \
   && sweep mistral-7b_s512 $tune seq_len=512 \
   && sweep qwen2.5-7b_s1024 $tune model=qwen2.5-7b seq_len=1024 \
   && sweep mistral-7b_s1024 $tune seq_len=1024
+fi
 echo "call $2: exit after $((SECONDS - t0)) s" | tee -a $log
 (cd $R && tar czf $OUT/$2.tgz --exclude='*.pt' --exclude='*.safetensors' --exclude=checkpoint-* .)
