@@ -32,6 +32,7 @@ SCHEMA_CASES = [
     ("gpu.spot_price_per_hour=-1", ["gpu.spot_price_per_hour must be >= 0", "-1"]),
     ("data.max_samples=0", ["data.max_samples must be > 0", "0"]),
     ("data.num_workers=-2", ["data.num_workers must be >= 0", "-2"]),
+    ("sweep.deadline_s=0", ["sweep.deadline_s must be > 0 seconds", "0"]),
 ]
 
 

@@ -143,6 +143,27 @@ def test_a_signal_during_cell_2_of_3_stops_the_sweep_after_it(tmp_path, sig):
     assert (sweep / "results.md").exists() and "Traceback" not in out + err and "KeyboardInterrupt" not in out + err
 
 
+def test_a_sweep_past_its_deadline_starts_no_cell_and_the_same_command_without_it_runs_the_rest(tmp_path):
+    """sweep.deadline_s: after the first cell, the next, which would end past the deadline (1 ms),
+    does not. Report and closing line written, exit code 4, nothing of the cells left behind; the same
+    command resumes (sweep.* changes no cell's config): the finished cell is read back, the others run."""
+    from conftest import run_cli
+
+    sweep = tmp_path / "sweep"
+    args = ["-m", "train.seed=0,1", "train.max_steps=3", "train.untimed_steps=1", "data.max_samples=16",
+            "seq_len=32", f"hydra.sweep.dir={sweep}"]
+    cut = run_cli("train.py", args + ["sweep.deadline_s=0.001"], check=False)
+    assert cut.returncode == 4, cut.stderr[-2000:]
+    said = cut.stdout + cut.stderr
+    assert "sweep.deadline_s=0.001: " in said and "a cell like the last one takes" in said
+    assert cut.stderr.strip().splitlines()[-1] == "cells: 2 = 1 ok, 1 not started"
+    assert read_result(sweep / "0")["status"] == "ok" and not (sweep / "1").exists()
+    assert (sweep / "results.md").exists()
+    rest = run_cli("train.py", args)
+    assert rest.stderr.count("result (from an earlier run)") == 1
+    assert rest.stderr.strip().splitlines()[-1] == "cells: 2 = 2 ok"
+
+
 def test_a_cell_that_cannot_fit_in_host_memory_is_refused_before_anything_is_built(tmp_path):
     """The issue's cell: 512 x 4096 tokens of logits over 32768 words is 512 GiB in fp32. It is
     recorded oom (exit code 3) with its need and what the host has, in a second, with no step run."""

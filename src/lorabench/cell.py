@@ -122,14 +122,33 @@ def record(result: CellResult, error_file: Path, measure: Callable[[], dict], ke
             log.error("failed: %s (%s)", result.error, keep_traceback(error_file))
 
 
-def end_sweep(cfg: DictConfig, ctx: RunContext) -> NoReturn:
-    """After SIGTERM or Ctrl-C in a multirun: no further cell starts (Hydra's launcher would start the
-    next one). The report and the closing `cells:` line now, as the multirun's end writes them, then
-    the process ends with the sweep's exit code."""
+def out_of_time(cfg: DictConfig, ctx: RunContext) -> str | None:
+    """After a cell of a multirun: why a next cell like it would not end by sweep.deadline_s (None: it
+    would, or none is set): the command's age plus the mean wall time of the cells done with this cell's
+    backend (else of all done) past the deadline."""
+    deadline = OmegaConf.select(cfg, "sweep.deadline_s", default=None)
+    if deadline is None:
+        return None
+    import psutil
+
+    age = time.time() - psutil.Process().create_time()  # (a forked process: since the fork)
+    done = [r for r in load_results(ctx.sweep_dir)[0] if r.total_s]
+    backend = OmegaConf.select(cfg, "backend.name", default=None)
+    alike = [r.total_s for r in done if r.config.get("backend", {}).get("name") == backend]
+    need = mean(alike or [r.total_s for r in done] or [0.0])
+    if age + need <= deadline:
+        return None
+    return f"sweep.deadline_s={deadline:g}: {age:.0f} s gone, a cell like the last one takes {need:.0f} s"
+
+
+def end_sweep(cfg: DictConfig, ctx: RunContext, why: str | None = None) -> NoReturn:
+    """After SIGTERM or Ctrl-C in a multirun, or at its deadline (why): no further cell starts (Hydra's
+    launcher would start the next one). The report and the closing `cells:` line now, as the
+    multirun's end writes them, then the process ends with the sweep's exit code (4 when nothing failed)."""
     from lorabench.sweep import SweepSummary
 
     log.warning("%s: the sweep stops here, no further cell starts (the same command with hydra.sweep.dir=%s "
-                "runs the rest)", preemption.signal_name, ctx.sweep_dir)
+                "runs the rest)", why or preemption.signal_name, ctx.sweep_dir)
     config = OmegaConf.create({"hydra": {"sweep": {"dir": str(ctx.sweep_dir)}}})
     for key in ("report", "logger"):
         if key in cfg:
@@ -196,6 +215,8 @@ def run(cfg: DictConfig, ctx: RunContext, measure: Measure, job_type: str = "tra
         rundir.leave(run_dir, _node(cfg))
     if sweep_here and preemption.requested:
         end_sweep(cfg, ctx)
+    if sweep_here and (why := out_of_time(cfg, ctx)):  # (here, before Hydra makes the next cell's dir)
+        end_sweep(cfg, ctx, why)
     return result
 
 

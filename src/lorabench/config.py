@@ -426,6 +426,15 @@ class SweepConfig:
     # config into it stops before anything is built. true: the old run's files are moved aside into
     # <dir>/replaced-<UTC time>/ (never deleted) and this one starts afresh.
     overwrite: bool = False
+    # Seconds from the multirun command's start after which no further cell starts if it would not end
+    # in time (by the mean wall time of the cells done with its backend, else of all done; the first
+    # cell always starts). The sweep then stops as after SIGTERM: report written, exit code 4, and the
+    # same command resumes it. For a machine held for a fixed time: a cell cut by the limit is lost.
+    deadline_s: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        if self.deadline_s is not None and not self.deadline_s > 0:
+            raise ValueError(f"sweep.deadline_s must be > 0 seconds (or null), got {self.deadline_s!r}")
 
 
 @dataclass
