@@ -132,36 +132,38 @@ def test_a_backend_that_cannot_run_stops_its_search():
 
 
 def test_search_end_to_end_on_cpu(tmp_path):
-    """`train.py +experiment=tune` with the tiny model on the CPU, a 2 x 2 space: every cell it measured
-    is a cell dir of the sweep, search.json lists them, and the report opens with the answer. The same
-    command again resumes it: a cell cut short runs again, the finished ones are read back."""
+    """`train.py +experiment=tune` with the tiny model on the CPU, a 2 x 2 space and its best measured again
+    at LoRA dropout 0 (two cells), stopped by sweep.deadline_s after its first cell: search.json and the
+    report hold the search cut short (exit 4). The same command without the deadline resumes it: the
+    finished cell is read back, the search goes on to its end; every cell it measured is a cell dir of the
+    sweep, search.json lists them, and the report opens with the answer."""
     d = tmp_path / "sweep"
     args = ["+experiment=tune", "backend=hf", "model=tiny", "precision=fp32", "optimizer=adamw_torch",
             "data=tiny_instruct", "gpu=cpu", "search.batches=[1,2]", "search.checkpoint_fractions=[1,0]",
             "search.offload_fractions=[0]", "seq_len=64", "train.max_steps=3", "train.untimed_steps=1",
-            "data.max_samples=16", f"hydra.sweep.dir={d}"]
+            "data.max_samples=16", "search.allow_dropout_zero=true", f"hydra.sweep.dir={d}"]
+    cut = run_cli("train.py", args + ["sweep.deadline_s=0.001"], check=False)
+    assert cut.returncode == 4, cut.stderr[-3000:]
+    (part,) = load_searches(d)
+    assert [t.job for t in part.trials if t.job is not None] == [0] and part.best.job == 0 and not part.dropout_zero
+    assert part.cut_short == "the sweep stopped after cell 0 (sweep.deadline_s)" and "cut short" in part.why
+    assert "cut short: the sweep stopped" in (d / "results.md").read_text()
+
     proc = run_cli("train.py", args)
+    assert proc.stderr.count("result (from an earlier run)") == 1
     (rec,) = load_searches(d)
-    measured = [t for t in rec.trials if t.job is not None]
-    assert measured and all(t.status == "ok" for t in measured)
+    measured = [t for t in rec.trials + rec.dropout_zero if t.job is not None]
+    assert [t.job for t in measured] == [0, 1] and all(t.status == "ok" for t in measured) and not rec.cut_short
+    assert rec.trials[0] == part.trials[0]
     for t in measured:
         cell = json.loads((d / str(t.job) / "metrics.json").read_text())
         assert cell["config"]["batch"] == t.batch and cell["status"] == "ok"
     assert rec.best.batch == 2 and rec.best.job is not None  # no budget on a CPU: the largest batch first
-    assert re.search(r"\[search 1/12\] b2 ckpt 0 offload 0: [\d,]+ tok/s", proc.stderr)
+    assert re.search(r"\[search 2/12\] b2 ckpt 0 offload 0 lora.dropout=0: [\d,]+ tok/s", proc.stderr)
     md = (d / "results.md").read_text()
-    assert md.startswith("Answer:") and "fastest is hf b2 ckpt 0 offload 0" in md
+    assert md.startswith("Answer:") and "fastest is hf b2 ckpt 0 offload 0" in md and "cut short" not in md
     # every cell the search launched, and only those, counted (not the command line's one outer cell)
     assert f"cells: {len(measured)} = {len(measured)} ok\n" in proc.stderr
-
-    last = d / str(measured[-1].job) / "metrics.json"
-    last.unlink()  # as if the device's time limit had cut the last cell
-    again = run_cli("train.py", args)
-    assert "none run" not in again.stderr
-    assert again.stderr.count("cell already finished") == len(measured) - 1
-    assert json.loads(last.read_text())["status"] == "ok"
-    (rec2,) = load_searches(d)
-    assert [(t.layout, t.batch, t.job) for t in rec2.trials] == [(t.layout, t.batch, t.job) for t in rec.trials]
 
 
 def test_a_search_dir_refuses_another_commands_search_and_not_a_report_option(tmp_path):

@@ -378,7 +378,8 @@ def how_found(best: CellResult, own: list[CellResult], searched: dict) -> str:
     if any(t.job == best.job_num for t in s.dropout_zero):
         return f"searched: the best layout again with lora.dropout=0 ({len(s.dropout_zero)} cells)"
     n = sum(t.job is not None for t in s.trials)
-    return f"searched: {n} cells measured, {len(s.trials) - n} skipped"
+    return f"searched: {n} cells measured, {len(s.trials) - n} skipped" + \
+        (" (cut short: the sweep stopped)" if s.cut_short else "")
 
 
 def backend_table(results: list[CellResult], axes_: list[str], searches=()) -> str:

@@ -41,6 +41,8 @@ labelled row: it changes the training recipe, so it is the user's call).
 Cells are launched one at a time: each choice depends on the cell before, and one GPU runs one cell at
 a time anyway. Being deterministic, the same command run again into the same sweep dir proposes the
 same cells with the same job numbers, and each one already ok is read back, not run (lorabench.cell).
+A sweep stopped mid-search (SIGTERM, Ctrl-C, sweep.deadline_s) keeps the search so far in search.json and
+the report, its best marked cut short, before the process exits; the same command then resumes it.
 Hydra instantiates a sweeper only from under the hydra_plugins package: the class it names lives in
 src/hydra_plugins/lorabench_search and is this module's BudgetSearch.
 """
@@ -90,6 +92,7 @@ class Measured:
     job: Optional[int] = None  # its job number (cell dir) in the sweep
     error: Optional[str] = None
     device_gib: Optional[float] = None  # mem/device_total_gib: the budget when the gpu option names none
+    last: str = ""  # why the sweep ends after this cell (SIGTERM, Ctrl-C, sweep.deadline_s): its result counts
 
 
 @dataclass
@@ -125,6 +128,7 @@ class Outcome:
     why: str = ""
     stops: dict = field(default_factory=dict)  # layout label -> why its climb ended
     budget_gib: Optional[float] = None
+    cut_short: str = ""  # why the search ended before its space or cap did (the sweep was stopped)
 
 
 Measure = Callable[[Layout, int], Measured]
@@ -222,7 +226,10 @@ class Search:
         # A cell skipped (the backend is not installed) says the same of every other; two failures in a
         # row (CUDA missing, a bad value) most likely too; an interrupted one means stop (SIGTERM).
         failed = [x.status in ("failed", "interrupted") for x in self.out.trials if x.job is not None][-2:]
-        if m.status in ("skipped", "interrupted") or failed == [True, True]:
+        if m.last:
+            self.stopped, self.out.cut_short = True, f"the sweep stopped after cell {t.job} ({m.last})"
+            self.log(f"search stopped: {self.out.cut_short}; the same command resumes it")
+        elif m.status in ("skipped", "interrupted") or failed == [True, True]:
             self.stopped = True
             self.log(f"search stopped: cell {t.job} {m.status}" + (" twice in a row" if m.status == "failed" else ""))
         return t
@@ -294,6 +301,9 @@ def climb(st: Search, L: Layout) -> None:
             st.out.stops[L.label] = "cell cap"
             return
         t = st.run(L, b)
+        if st.out.cut_short:
+            st.out.stops[L.label] = "cut short"
+            return
         if t.status == "oom":
             ok = max((x.batch for x in st.done(L, "ok")), default=0)
             lower = [c for c in cands if ok < c < b and c >= known]  # known: fits, its throughput not yet measured
@@ -317,6 +327,8 @@ def probe_plateau(st: Search, L: Layout) -> None:
     larger batch still pays, which is all that a layout saving more memory could buy: one cell a step
     below tells, when some layout left to search saves more (a plateau then skips all of them) and the
     cap leaves cells to spare."""
+    if st.stopped:
+        return
     ok = st.done(L, "ok")
     later = st.s.layouts[st.s.layouts.index(L) + 1:]
     saving_more = [M for M in later if L.uses_no_less_than(M) and M.saves != L.saves]
@@ -364,7 +376,8 @@ def best_and_why(st: Search) -> None:
     ok = sorted((t for t in st.out.trials if t.status == "ok" and t.tok_s), key=lambda t: -t.tok_s)
     n = sum(t.job is not None for t in st.out.trials)
     if not ok:
-        st.out.why = f"no cell fitted or ran among the {n} measured"
+        st.out.why = f"no cell fitted or ran among the {n} measured" + \
+            (f"; cut short: {st.out.cut_short}" if st.out.cut_short else "")
         return
     best = st.out.best = ok[0]
     why = (f"fastest of {len(ok)} cells that ran ({n} measured, {len(st.out.trials) - n} skipped): "
@@ -372,7 +385,8 @@ def best_and_why(st: Search) -> None:
     if len(ok) > 1:
         why += f"; next {ok[1].name()} at {ok[1].tok_s:,.0f} ({100 * (ok[1].tok_s / best.tok_s - 1):+.1f}%)"
     stop = st.out.stops.get(best.layout)
-    st.out.why = why + (f"; its layout stopped at {stop}" if stop else "")
+    st.out.why = why + (f"; its layout stopped at {stop}" if stop else "") + \
+        (f"; cut short: {st.out.cut_short}" if st.out.cut_short else "")
 
 
 def dropout_zero(space: Space, best: Trial, measure: Measure, cells: int,
@@ -486,6 +500,7 @@ class SearchRecord:
     why: str
     stops: dict
     dropout_zero: list[Trial] = field(default_factory=list)
+    cut_short: str = ""  # (Outcome.cut_short) the best is of the cells measured before the sweep stopped
 
     @classmethod
     def from_dict(cls, d: dict) -> "SearchRecord":
@@ -527,6 +542,7 @@ class BudgetSearch(Sweeper):
         self.params = dict(params or {})
         self.job = 0
         self.returns: list = []
+        self.stop: SystemExit | None = None  # a cell ended the sweep: the search records it, then exits so
 
     def setup(self, *, hydra_context, task_function, config) -> None:
         from hydra.core.plugins import Plugins
@@ -551,9 +567,24 @@ class BudgetSearch(Sweeper):
         for cell in outer:
             records.append(self.search_one(cell, outer, sweep_dir))
             write_searches(sweep_dir, records)
-            if any(t.status == "interrupted" for t in records[-1].trials):
-                break  # SIGTERM: the same command resumes (see above)
+            if self.stop is not None:  # SIGTERM, Ctrl-C or sweep.deadline_s: the same command resumes (see above)
+                self.rewrite_report(sweep_dir)
+                raise self.stop
         return self.returns
+
+    def rewrite_report(self, sweep_dir: Path) -> None:
+        """The report again, now that search.json holds the search the stop cut short (the cell's stop wrote
+        it before the search had recorded its last cell)."""
+        from omegaconf import OmegaConf
+
+        from lorabench.config import ReportConfig
+        from lorabench.report import write_report
+
+        report = OmegaConf.to_object(self.config.report) if "report" in self.config else ReportConfig()
+        try:
+            write_report(sweep_dir, report)
+        except Exception as e:  # the cells' results and search.json stand
+            print(f"search: the report could not be written again: {e}", file=sys.stderr)
 
     def compose(self, overrides: list[str]):
         from omegaconf import OmegaConf, open_dict
@@ -591,12 +622,12 @@ class BudgetSearch(Sweeper):
             + f" (estimated fixed part {space.fixed_gib:.1f} GiB)")
         out = search(space, measure(), log)
         zero = []
-        if c.search.allow_dropout_zero and c.lora.dropout > 0 and out.best:
+        if c.search.allow_dropout_zero and c.lora.dropout > 0 and out.best and not out.cut_short:
             zero = dropout_zero(space, out.best, measure(("lora.dropout=0",)), c.search.max_cells - space.max_cells,
                                 log)
         log(f"best: {out.best.name() if out.best else 'none'}: {out.why}")
         return SearchRecord(name, cell, c.backend.name.value, out.budget_gib, c.seq_len, c.search.max_cells,
-                            out.trials, out.best, out.why, out.stops, zero)
+                            out.trials, out.best, out.why, out.stops, zero, out.cut_short)
 
     def launch(self, overrides: list[str], sweep_dir: Path) -> Measured:
         """One cell through the launcher; its result read back from its metrics.json."""
@@ -607,16 +638,23 @@ class BudgetSearch(Sweeper):
         known = read_cells(sweep_dir)  # (a re-run of the same command proposes the same cells: resumed, not repeated)
         atomic_write_json(sweep_dir / CELLS_FILE, {"cells": known + ([overrides] if overrides not in known else [])})
         job, self.job = self.job, self.job + 1
-        ret = self.launcher.launch([overrides], initial_job_idx=job)[0]
-        self.returns.append(ret)
+        last = ""
+        try:
+            ret = self.launcher.launch([overrides], initial_job_idx=job)[0]
+            self.returns.append(ret)
+        except SystemExit as stop:  # the cell ended the sweep (lorabench.cell.end_sweep): its result still counts
+            from lorabench.preemption import HANDLER
+
+            self.stop, ret = stop, None
+            last = HANDLER.signal_name if HANDLER.requested else "sweep.deadline_s"
         # the cell's output dir (working_dir is the process's cwd unless hydra.job.chdir)
-        out = OmegaConf.select(ret.hydra_cfg, "hydra.runtime.output_dir") if ret.hydra_cfg is not None else None
+        out = OmegaConf.select(ret.hydra_cfg, "hydra.runtime.output_dir") if ret and ret.hydra_cfg is not None else None
         run_dir = Path(out) if out else sweep_dir / str(job)
         try:
             r = read_result(run_dir / RESULT_FILE)
         except (OSError, ValueError, TypeError) as e:
-            return Measured("failed", job=job, error=f"no result in {run_dir}: {e}")
+            return Measured("failed", job=job, error=f"no result in {run_dir}: {e}", last=last)
         m = r.metrics
         tok = m.get("perf/tokens_per_s") if r.ok else None
         return Measured(r.status.value, tok, m.get("mem/peak_reserved_gib"), job, r.error,
-                        m.get("mem/device_total_gib"))
+                        m.get("mem/device_total_gib"), last)

@@ -376,7 +376,8 @@ def searched_best(dir_: str, backend: str, run: str = SEARCHED) -> dict | None:
     if recs:
         b = recs[0].best
         m = json.loads((d / str(b.job) / "metrics.json").read_text())["metrics"]
-        return dict(tok=b.tok_s, layout=f"b{b.batch} {b.layout}", peak=b.peak_gib, mfu=m.get("perf/mfu_pct"))
+        cut = " (search cut short)" if recs[0].cut_short else ""
+        return dict(tok=b.tok_s, layout=f"b{b.batch} {b.layout}{cut}", peak=b.peak_gib, mfu=m.get("perf/mfu_pct"))
     cells = [r for r in load_cells(d) if r.config["backend"]["name"] == backend]
     best = max((r for r in cells if r.ok), key=lambda r: r.metrics["perf/tokens_per_s"], default=None)
     if best is None:
