@@ -542,7 +542,7 @@ class BudgetSearch(Sweeper):
         self.params = dict(params or {})
         self.job = 0
         self.returns: list = []
-        self.stop: SystemExit | None = None  # a cell ended the sweep: the search records it, then exits so
+        self.stop: SystemExit | None = None  # a cell ended the sweep: recorded, then the process exits with its code
 
     def setup(self, *, hydra_context, task_function, config) -> None:
         from hydra.core.plugins import Plugins
