@@ -473,7 +473,8 @@ def model_search_section() -> str:
         "recomputed was out of memory at batch 1 and every layer recomputed at batch 2 took 21.1 GiB); qwen3-8b's hf search in m2 skipped batch 4 on a wrong "
         "memory estimate (fixed in 3bc030e, then searched again in m3); gemma-2-9b's fast search did not fit in m2's "
         "time. Unsloth's search of llama-3.1-8b failed: its loader reads a folder with a tokenizer, and Llama-3's "
-        "tokenizer package (llama-models) was not on the GPU machine, so no Unsloth figure is given per model. Unsloth's "
+        "tokenizer package (llama-models) was not on the GPU machine, so no Unsloth figure is given per model here (the "
+        "section above has Llama-3.1-8B's, from a later run). Unsloth's "
         f"search of Mistral-7B at seq 512 (run u) was cut by the time limit after {len(uns)} cells (each Unsloth cell "
         f"loads the model in a process of its own): {unsloth}; not a finished search, and not in the same run as any "
         "fast figure. Every cell each search tried: search.json and results.md in each sweep dir.", "",
