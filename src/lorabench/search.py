@@ -509,13 +509,14 @@ class SearchRecord:
                       "dropout_zero": [trial(t) for t in d.get("dropout_zero", [])]})
 
 
-def _key(override: str) -> str:
+def override_key(override: str) -> str:
+    """The key an override sets: "+backend.liger=[]" -> "backend.liger"."""
     return override.split("=")[0].lstrip("+~")
 
 
 def outer_cells(cells: list[list[str]]) -> list[list[str]]:
     """The command line's cells less the keys the search sets (one search each, in order, once)."""
-    return [list(c) for c in dict.fromkeys(tuple(o for o in cell if _key(o) not in SEARCH_KEYS) for cell in cells)]
+    return [list(c) for c in dict.fromkeys(tuple(o for o in cell if override_key(o) not in SEARCH_KEYS) for cell in cells)]
 
 
 def write_searches(sweep_dir: Path, records: list[SearchRecord]) -> None:
@@ -558,7 +559,7 @@ class BudgetSearch(Sweeper):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         cells = expand(arguments, OmegaConf.create(self.params), self.hydra_context.config_loader)
-        if dropped := sorted({_key(o) for cell in cells for o in cell if _key(o) in SEARCH_KEYS}):
+        if dropped := sorted({override_key(o) for cell in cells for o in cell if override_key(o) in SEARCH_KEYS}):
             print(f"search: {', '.join(dropped)} set by the search in every cell; the command line's value is not "
                   "used (the candidates are search.batches, search.checkpoint_fractions, search.offload_fractions)",
                   file=sys.stderr)

@@ -180,10 +180,10 @@ def is_search(config: DictConfig) -> bool:
 
 def other_searches(sweep_dir: Path, cells: list[list[str]]) -> list[str]:
     """A search dir's searches that are not one of this command's: a search of another command's."""
-    from lorabench.search import load_searches, outer_cells
+    from lorabench.search import load_searches, outer_cells, override_key
 
     def binding(cell: list[str]) -> list[str]:  # the overrides a cell's result depends on (lorabench.rundir)
-        return [o for o in cell if not rundir.ignored(o.split("=")[0].lstrip("+~"))]
+        return [o for o in cell if not rundir.ignored(override_key(o))]
 
     outer = [binding(c) for c in outer_cells(cells)]
     return [f"{sweep_dir} holds a search of another command ({','.join(r.outer)})"

@@ -253,7 +253,7 @@ def fsdp_section() -> str:
         "### A 70B sharded over GPUs (FSDP, llama-3.3-70b nf4, seq 2048, batch 4 per GPU, 4 x H200 with NVLink)", "",
         "LoRA r16 on q/k/v/o, every layer recomputed, fused AdamW, fixed-length synthetic rows, 5 timed steps "
         "after 3; one process is a plain cell (the 1-GPU reference). fast less the parts that cannot run "
-        "sharded (fused_lora, fused_mlp, flat_optimizer). The two backends come from two calls on the same "
+        "sharded (fused_lora, fused_mlp, flat_optimizer). The two backends come from two commands on the same "
         "kind of machine, not one run.", "", *tables, "",
         f"On 4 GPUs: fast {x['fast']:.2f}x, hf {x['hf']:.2f}x the {FSDP_QLORA_4XH100:,} tokens/s that Answer.AI's "
         "fsdp_qlora reports for Llama-2-70B at ctx 2048 on 4 H100s (another GPU, model and batch: a bearing, "
@@ -356,7 +356,7 @@ def moe_section() -> str:
         "after 3. Its 128 x 48 experts stay bf16 in an nf4 cell (bitsandbytes quantises nn.Linear layers, "
         f"transformers 5 stores experts as 3-D parameters: {ok['hf'].model['experts_unquantised'] / 1e9:.2f}B "
         "weights, 2 bytes each); before lorabench kept them there, PEFT's QLoRA upcast made them fp32. Not "
-        "searched; the two backends ran in two calls on one machine.", "",
+        "searched; the two backends ran as two commands on one machine.", "",
         short_table(results, axes_), "", *notes, "",
         f"fast less fused_mlp over hf: {ok['fast'].metrics['perf/tokens_per_s'] / ok['hf'].metrics['perf/tokens_per_s']:.2f}x "
         f"(one unsearched cell each). The first, untimed step took {first['fast']:.0f} s with fast, "
@@ -395,7 +395,7 @@ BEST_SWEEPS = {("mistral-7b-v0.3", 512): ("mistral-7b_s512", "mistral-7b_s512"),
 
 
 def best3_section() -> str:
-    """hf, fast and Unsloth each searched within 22 GiB, on one H100 in one lease (issues 34 and 35)."""
+    """hf, fast and Unsloth each searched within 22 GiB, on one H100 machine (issues 34 and 35)."""
     head = ["model, seq", "hf's best: layout", "tok/s", "fast's best: layout", "tok/s", "MFU %", "Unsloth's best: layout",
             "tok/s", "MFU %", "fast / hf", "fast / Unsloth", "Unsloth / hf"]
     rows = []
@@ -416,19 +416,19 @@ def best3_section() -> str:
          f"{r.metrics['perf/mfu_pct']:.1f}" if r.ok else "-", an.num(r.metrics.get("mem/peak_reserved_gib"), ".2f")]
         for r in lcells])
     return "\n".join([
-        "### hf, fast and Unsloth, each searched within 22 GiB, fixed-length rows (one H100, one lease)", "",
+        "### hf, fast and Unsloth, each searched within 22 GiB, fixed-length rows (one H100 machine)", "",
         an.md_table(head, rows), "",
         "Each backend's best of `+experiment=tune` (lorabench.search: at most 10 measured cells per backend, 14 steps of "
         "which 4 untimed): nf4, LoRA r16 on q/k/v/o, dropout 0.05, paged_adamw_8bit, random weights (speed and memory "
         "hold, not quality). Unsloth's space is its own: its checkpointing off, on, or offloaded to host memory, times "
-        "batch. One NVIDIA H100 80GB HBM3, held for three consecutive calls. Mistral-7B: the three searches in one "
-        "sweep. Llama-3.1-8B: hf's and fast's in one sweep, Unsloth's in the next call on the same machine (a sweep of "
-        "its own, started 9 minutes after fast's last cell), cut by the call's time limit after "
+        "batch. One NVIDIA H100 80GB HBM3 machine, in runs of at most 10 minutes each. Mistral-7B: the three searches "
+        "in one sweep. Llama-3.1-8B: hf's and fast's in one sweep, Unsloth's in the next run on the same machine (a "
+        "sweep of its own, started 9 minutes after fast's last cell), cut by its 10-minute limit after "
         f"{sum(r.ok or r.status.value == 'oom' for r in lcells)} measured cells with one layout (checkpointing on, "
         "batch 24) left to finish; its best so far is given, marked. Qwen2.5-7B: Unsloth's first cell was cut by the "
-        "time limit, so no Unsloth figure. Each Unsloth cell runs in a process of its own (its patches are "
+        "10-minute limit, so no Unsloth figure. Each Unsloth cell runs in a process of its own (its patches are "
         "process-wide): 60-80 s of imports, load and compilation per cell against ~15 s for hf and fast, which is "
-        "what the time limit ran out on.", "",
+        "what the 10-minute limit ran out on.", "",
         "Mistral-7B at seq 512, the report of that sweep:", "",
         an.answer(results, searches), "",
         an.backend_table(results, an.axes(results), searches), "",
