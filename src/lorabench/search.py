@@ -516,7 +516,8 @@ def override_key(override: str) -> str:
 
 def outer_cells(cells: list[list[str]]) -> list[list[str]]:
     """The command line's cells less the keys the search sets (one search each, in order, once)."""
-    return [list(c) for c in dict.fromkeys(tuple(o for o in cell if override_key(o) not in SEARCH_KEYS) for cell in cells)]
+    outer = (tuple(o for o in cell if override_key(o) not in SEARCH_KEYS) for cell in cells)
+    return [list(c) for c in dict.fromkeys(outer)]
 
 
 def write_searches(sweep_dir: Path, records: list[SearchRecord]) -> None:
