@@ -504,6 +504,11 @@ class BackendConfig:
     # [tokens x 32768] fp32 logits are never stored. Each backend.* part of the fast path, what it needs
     # and the order it goes in: lorabench.fastpath.PARTS.
     liger: List[str] = field(default_factory=list)
+    # Liger's fused linear cross-entropy (chunk_mem_const): each chunk's logits at most this many times
+    # [tokens x hidden] elements. Liger's 1 cuts Llama-3's 128,256-word head at 4,096 tokens x 4,096
+    # hidden into 32 chunks of 128 rows, whose input-gradient GEMMs ([128 x 128,256] x [128,256 x 4,096])
+    # fill few of the GPU's SMs; 8 makes them 1,024 rows at 8 x 32 MiB = 256 MiB of bf16 logits.
+    ce_chunk_mem: int = 1
     # QLoRA's prepare_model_for_kbit_training casts every unquantised weight (embeddings, norms, output
     # head) to fp32: the residual stream then runs in fp32 and every linear layer's input is cast back
     # to bf16. false keeps them in bf16 (LoRA adapters stay fp32 either way).
@@ -562,6 +567,8 @@ class BackendConfig:
     unsloth_offload: bool = True
 
     def __post_init__(self) -> None:
+        if self.ce_chunk_mem < 1:
+            raise ValueError(f"backend.ce_chunk_mem must be >= 1 (Liger's chunk_mem_const), got {self.ce_chunk_mem}")
         unknown = sorted(set(self.liger) - set(LIGER_OPS))
         if unknown:
             raise ValueError(f"backend.liger={self.liger}: {unknown} is not a Liger op lorabench applies; "

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import importlib
 import importlib.util
 import logging
@@ -264,6 +265,8 @@ class Part:
             return not c.backend.upcast_fp32
         if self.key == "packing":  # a property of the data: data.packing, which backend=fast sets
             return c.data.packing
+        if self.key == "ce_chunk_mem":  # 1 is Liger's own chunking
+            return c.backend.ce_chunk_mem > 1
         return bool(getattr(c.backend, self.key))
 
 
@@ -337,6 +340,8 @@ PARTS = (
          "(lorabench.packed_attention)", Stage.BEFORE_LORA, Cuda.ONLY, lacks=_varlen_lacks, apply=_apply_varlen),
     Part("liger", "Liger-Kernel's RMSNorm, RoPE, gated MLP and fused linear cross-entropy, its patch for the "
          "architecture (LIGER)", Stage.BEFORE_LORA, Cuda.REQUIRED, lacks=_liger_lacks, apply=_apply_liger),
+    Part("ce_chunk_mem", "Liger's fused linear cross-entropy in larger chunks (its chunk_mem_const)", Stage.CELL,
+         Cuda.ONLY, through=("liger",)),
     Part("upcast_fp32", "(false) norms, embeddings and head kept in bf16: a bf16 residual stream", Stage.LORA),
     Part("fused_lora", "the attention's projections and adapters in one autograd Function per group "
          "(lorabench.fused)", Stage.AFTER_LORA, lacks=_attention_lacks, apply=_apply_fused_lora,
@@ -429,9 +434,29 @@ def around_cell(c: Config, hf=None):
     backend=hf, in the same process)."""
     from lorabench import norm_kernels
 
-    with _allocator(c), _liger_undone(c, hf), \
+    with _allocator(c), _liger_undone(c, hf), _loss_chunks(c), \
             norm_kernels.frozen_weight_grid(c.backend.norm_backward_grid and "rms_norm" in c.backend.liger):
         yield
+
+
+@contextlib.contextmanager
+def _loss_chunks(c: Config):
+    """Liger's fused linear cross-entropy called with chunk_mem_const=backend.ce_chunk_mem. Every
+    architecture's Liger forward reaches it through liger_kernel.transformers.functional's
+    liger_fused_linear_cross_entropy (0.8.5's loss_utils looks it up there on each call), which takes the
+    knob but is never given it by those forwards."""
+    if c.backend.ce_chunk_mem == 1 or "fused_linear_cross_entropy" not in c.backend.liger:
+        yield
+        return
+    functional = importlib.import_module("liger_kernel.transformers.functional")
+    original = functional.liger_fused_linear_cross_entropy
+    # wraps: loss_utils keeps the keywords that the original's signature (__wrapped__) names
+    functional.liger_fused_linear_cross_entropy = functools.wraps(original)(
+        functools.partial(original, chunk_mem_const=c.backend.ce_chunk_mem))
+    try:
+        yield
+    finally:
+        functional.liger_fused_linear_cross_entropy = original
 
 
 @contextlib.contextmanager

@@ -409,8 +409,10 @@ def token_bytes(c) -> tuple[float, float, float]:
     holds). A kept layer: checks.host_memory_need's per-layer term (4 x hidden + 2 x intermediate values);
     a recomputed one keeps its input (the residual stream, fp32 under QLoRA's upcast, bf16 in Unsloth);
     an offloaded one ~nothing. Every layout holds a layer's activations and their gradients in its
-    backward (2 x kept), and the loss's: none under Liger's fused linear cross-entropy, bf16 logits and
-    their gradient in Unsloth's, else fp32 logits, log-softmax and both gradients (4 x vocab x 4 B).
+    backward (2 x kept), and the loss's: under Liger's fused linear cross-entropy one chunk's bf16 logits,
+    at most backend.ce_chunk_mem x hidden values per token (their gradient is written over them); in
+    Unsloth's bf16 logits and their gradient; else fp32 logits, log-softmax and both gradients (4 x vocab
+    x 4 B).
     Against the measured lines at seq 512 (docs/performance.md: hf every layer recomputed 1.32 MB per
     token, fast 0.55 MB, Unsloth offloaded 0.24 MB) this gives 1.20, 0.44 and 0.31 MB; the search refits
     it on its own cells."""
@@ -422,7 +424,7 @@ def token_bytes(c) -> tuple[float, float, float]:
     unsloth = b.name is Backend.unsloth
     kept = a.activation_width() * w  # a layer's input, q/k/v/out and the MLP's intermediates, per token
     recomputed = a.hidden * (4 if b.upcast_fp32 and not unsloth else w)
-    logits = (0 if "fused_linear_cross_entropy" in b.liger
+    logits = (w * b.ce_chunk_mem * a.hidden if "fused_linear_cross_entropy" in b.liger
               else 2 * a.vocab * 2 if unsloth else 4 * a.vocab * 4)
     return kept, recomputed, 2 * kept + logits
 
