@@ -32,21 +32,27 @@ sweep() {  # sweep <name> <train.py arguments...>: once, resumed until it finish
   [ $rc -ne 124 ] && [ $rc -ne 4 ] && touch $R/$name/done
   [ $rc -ne 124 ] && [ $rc -ne 4 ]
 }
-if [ ! -f $R/head.csv.done ]; then
+cell="-m +experiment=seed_optimum gpu=a10 seq_len=1024 batch=4 train.gradient_checkpointing=false
+  train.checkpoint_fraction=0 train.max_steps=24 train.untimed_steps=4 model=llama-3.1-8b"
+search="-m +experiment=tune gpu=a10 train.max_steps=14 train.untimed_steps=4 search.max_cells=10"
+drop() { rm -rf /tmp/cache/random_init; }  # a model's random weights, once its sweeps are done (~16 GB each)
+if [ $2 = c1 ]; then  # (at b93a4ae; the machine went back after it)
   echo "== head" | tee -a $log
   python3 docs/runs/scripts/2026-11-26_loss_head.py > $R/head.csv 2>> $log
   python3 docs/runs/scripts/2026-11-26_loss_head.py --unsloth 2>> $log | tail -n +2 >> $R/head.csv
-  cat $R/head.csv | tee -a $log; touch $R/head.csv.done
+  cat $R/head.csv | tee -a $log
+  sweep llama_b4_fast $cell train.profile_steps=2 backend=fast backend.ce_chunk_mem=1,8 \
+    && sweep llama_b4_unsloth $cell train.profile_steps=2 backend=unsloth \
+    && sweep llama-3.1-8b_s1024_fast $search backend=fast model=llama-3.1-8b seq_len=1024
+else  # c2, c3 on a fresh machine: Unsloth's loss head (c1's call of it named the module), the chunking
+  # in the cell, twice each in turn, and Qwen2.5-7B's searches
+  if [ ! -f $R/head_unsloth.csv ]; then
+    python3 docs/runs/scripts/2026-11-26_loss_head.py --unsloth > $R/head_unsloth.csv 2>> $log
+    cat $R/head_unsloth.csv | tee -a $log
+  fi
+  sweep llama_b4_chunks $cell backend=fast train.seed=0,1 backend.ce_chunk_mem=1,8 && drop \
+    && sweep qwen2.5-7b_s1024_fast $search backend=fast model=qwen2.5-7b seq_len=1024 \
+    && sweep qwen2.5-7b_s1024_unsloth $search backend=unsloth model=qwen2.5-7b seq_len=1024 && drop
 fi
-cell="-m +experiment=seed_optimum gpu=a10 seq_len=1024 batch=4 train.gradient_checkpointing=false
-  train.checkpoint_fraction=0 train.max_steps=24 train.untimed_steps=4 train.profile_steps=2 model=llama-3.1-8b"
-search="-m +experiment=tune gpu=a10 train.max_steps=14 train.untimed_steps=4 search.max_cells=10"
-drop() { rm -rf /tmp/cache/random_init; }  # a model's random weights, once its sweeps are done (~16 GB each)
-sweep llama_b4_fast $cell backend=fast backend.ce_chunk_mem=1,8 \
-  && sweep llama_b4_unsloth $cell backend=unsloth \
-  && sweep llama-3.1-8b_s1024_fast $search backend=fast model=llama-3.1-8b seq_len=1024 && drop \
-  && sweep qwen2.5-7b_s1024_fast $search backend=fast model=qwen2.5-7b seq_len=1024 \
-  && sweep qwen2.5-7b_s1024_unsloth $search backend=unsloth model=qwen2.5-7b seq_len=1024 && drop \
-  && sweep qwen3-8b_s1024 $search backend=hf,fast,unsloth model=qwen3-8b seq_len=1024
 echo "call $2: exit after $((SECONDS - t0)) s" | tee -a $log
 (cd $R && tar czf $OUT/$2.tgz --exclude='*.pt' --exclude='*.safetensors' --exclude=checkpoint-* .)

@@ -33,7 +33,7 @@ def plain(x, w, y):
     return torch.nn.functional.cross_entropy((x @ w.t()).float(), y)
 
 
-def unsloth(x, w, y):
+def unsloth_ce(x, w, y):
     from unsloth_zoo.fused_losses.cross_entropy_loss import unsloth_fused_ce_loss
 
     return unsloth_fused_ce_loss(trainer=None, hidden_states=x[None], lm_head_weight=w, lm_head_bias=None,
@@ -69,7 +69,7 @@ def reference(x, w, y):
 def main():
     if "--unsloth" in sys.argv:
         import unsloth  # noqa: F401  (first, as in backend=unsloth: it patches what it imports)
-    impls = {"unsloth": unsloth} if "--unsloth" in sys.argv else \
+    impls = {"unsloth": unsloth_ce} if "--unsloth" in sys.argv else \
         {**{f"liger {c}": liger(c) for c in (1, 2, 4, 8, 16, 32)}, "torch": plain}
     print("model,hidden,vocab,rows,impl,ms,extra_mib,loss_err,grad_err")
     for model, (hidden, vocab) in SHAPES.items():
