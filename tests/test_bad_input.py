@@ -33,6 +33,7 @@ SCHEMA_CASES = [
     ("data.max_samples=0", ["data.max_samples must be > 0", "0"]),
     ("data.num_workers=-2", ["data.num_workers must be >= 0", "-2"]),
     ("sweep.deadline_s=0", ["sweep.deadline_s must be > 0 seconds", "0"]),
+    ("backend.ce_chunk_mem=0", ["backend.ce_chunk_mem must be >= 1", "got 0"]),
 ]
 
 

@@ -229,3 +229,32 @@ def test_fast_with_the_mlp_fused_and_triton_dequant_matches_without_on_gpu(monke
     assert acts and all(a is swiglu._swiglu_dispatch for a in acts)
     assert loss == pytest.approx(loss_ref, rel=BF16_LOSS)
     assert_grads_close(g, g_ref, BF16_GRADS)
+
+
+def test_ce_chunk_mem_reaches_ligers_fused_loss_for_the_cell_and_is_undone(monkeypatch):
+    """Every architecture's Liger forward calls liger_kernel.transformers.functional's fused linear
+    cross-entropy without chunk_mem_const: the cell's backend.ce_chunk_mem is passed to it while the cell
+    runs, the keywords its callers filter by stay its own, and the module is as it was after (or stays
+    untouched at Liger's own 1). A stand-in module: Liger's kernels need CUDA."""
+    import inspect
+    import sys
+    import types
+
+    from lorabench import fastpath
+
+    def flce(input, weight, target, bias=None, reduction="mean", chunk_mem_const=1):
+        return chunk_mem_const
+
+    functional = types.SimpleNamespace(liger_fused_linear_cross_entropy=flce)
+    monkeypatch.setitem(sys.modules, "liger_kernel.transformers.functional", functional)
+    cfg = lambda *o: OmegaConf.to_object(compose_cfg(["backend=fast", *o]))  # noqa: E731
+    with fastpath._loss_chunks(cfg("backend.ce_chunk_mem=8")):
+        assert functional.liger_fused_linear_cross_entropy(None, None, None) == 8
+        assert list(inspect.signature(functional.liger_fused_linear_cross_entropy).parameters) == \
+            ["input", "weight", "target", "bias", "reduction", "chunk_mem_const"]
+    assert functional.liger_fused_linear_cross_entropy is flce
+    for off in ("backend.ce_chunk_mem=1", "backend.liger=[rms_norm]"):  # Liger's chunking; no fused loss
+        with fastpath._loss_chunks(cfg(off)):
+            assert functional.liger_fused_linear_cross_entropy is flce
+    assert [p.key for p in fastpath.parts_on(cfg("backend.liger=[]", "backend.ce_chunk_mem=8"))].count("ce_chunk_mem") == 1
+    assert "ce_chunk_mem" not in [p.key for p in fastpath.parts_on(cfg("backend.liger=[]", "backend.ce_chunk_mem=1"))]
