@@ -81,6 +81,30 @@ def test_profile_steps_must_leave_a_timed_step():
         OmegaConf.to_object(compose_cfg(["train.max_steps=6", "train.untimed_steps=2", "train.profile_steps=4"]))
 
 
+def test_a_kernel_named_as_its_host_range_is_work_and_a_marked_mirror_is_not():
+    """torch.compile launches each generated Triton kernel inside a host range of the kernel's own name; kineto
+    marks only the device-side mirrors of host annotations (the step range) as user annotations. A 100 us step:
+    a compiled SwiGLU kernel 10-40 under its namesake range is elementwise, the step's mirror is no work."""
+    from types import SimpleNamespace as NS
+
+    from lorabench.profile import STEP_RANGE, breakdown
+    from torch.autograd import DeviceType
+
+    fused = "triton_poi_fused_mul_silu_0"
+    step = NS(id=1, name=STEP_RANGE, device_type=DeviceType.CPU, time_range=NS(start=0, end=100), cpu_parent=None,
+              cpu_children=[])
+    launch = NS(id=2, name=fused, device_type=DeviceType.CPU, time_range=NS(start=5, end=9), cpu_parent=step,
+                cpu_children=[])
+    step.cpu_children.append(launch)
+
+    def device(name, start_us, end_us, by, mirror):
+        return NS(name=lambda: name, linked_correlation_id=lambda: by.id, is_user_annotation=lambda: mirror,
+                  start_ns=lambda: start_us * 1000, duration_ns=lambda: (end_us - start_us) * 1000)
+
+    [ms], _ = breakdown([step, launch], [device(fused, 10, 40, launch, False), device(STEP_RANGE, 0, 100, step, True)])
+    assert {k: round(v * 1e3, 6) for k, v in ms.items() if v} == {"elementwise": 30, "idle": 70, "step_ms": 100}
+
+
 def test_device_timeline_is_partitioned_by_category():
     """The CUDA path on a hand-made timeline (us): a 100 us step whose DataLoader call takes 0-20,
     then a host-to-device copy 20-25, a GEMM 30-60 launched by aten::mm, an optimizer kernel 70-90.

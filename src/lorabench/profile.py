@@ -105,10 +105,14 @@ def breakdown(events, device_events=(), trace_start_ns: int = 0) -> tuple[list[d
     work = []  # (start_us, end_us, category)
     if device_events:
         # Kineto mirrors each host annotation (the step range, Optimizer.step, ...) on the device's
-        # timeline; those spans are not device work. Kernels and copies never share a host name.
+        # timeline; those spans are not device work, and kineto marks them (torch's own device-time sum
+        # skips them so). Not by name: a kernel can share its host range's name (torch.compile's
+        # triton_poi_fused_* kernels are launched inside a range named after them: Unsloth's
+        # compiled MLP and dropout, which were dropped from the split as idle before). Without the mark
+        # (an older torch), a device span that shares a host name is taken for a mirror.
         host_names = {e.name for e in cpu}
         for k in device_events:
-            if k.name() in host_names or (hasattr(k, "is_user_annotation") and k.is_user_annotation()):
+            if k.is_user_annotation() if hasattr(k, "is_user_annotation") else k.name() in host_names:
                 continue
             parent = by_id.get(k.linked_correlation_id())
             names = [k.name()] + (_stack(parent) if parent is not None else [])
