@@ -469,6 +469,16 @@ def same_layout_table(cells) -> str:
          f"{min(t):.3f} / {max(t):.3f}", len(t)] for r in cells for t in [steps_of(r)]])
 
 
+def compiled_ms(r) -> float:
+    """ms per profiled step of torch.compile's Triton kernels in a cell's profile.txt: the device rows (no host
+    time) named triton_* of its top-40 operators table, so a lower bound."""
+    text = (Path(r.dir) / "profile.txt").read_text()
+    steps = int(re.search(r"optimizer steps (\d+)-(\d+)", text)[2]) - int(re.search(r"optimizer steps (\d+)-", text)[1]) + 1
+    rows = [re.split(r"\s{2,}", line.strip()) for line in text.splitlines() if line.strip().startswith("triton_")]
+    ms = lambda v: float(v[:-2]) if v.endswith("ms") else float(v[:-2]) / 1e3  # noqa: E731  ("12.5ms", "310.2us")
+    return sum(ms(c[6]) for c in rows if c[2] == "0.000us") / steps
+
+
 def head_section() -> str:
     """The loss head alone per vocabulary (Liger's chunking, Unsloth's, torch's), Llama-3 at one layout profiled,
     and fast's and Unsloth's bests again (issues 34 and 35)."""
@@ -500,7 +510,8 @@ def head_section() -> str:
                           *[f"{100 * r.metrics[f'prof/{c}_frac']:.0f}" for c in an.CATEGORIES]] for r in prof])
     lf, qf = searched_best("llama-3.1-8b_s1024_fast", "fast", HEAD), searched_best("qwen2.5-7b_s1024_fast", "fast", HEAD)
     qu = searched_best("qwen2.5-7b_s1024_unsloth", "unsloth", HEAD)
-    lu = next(r for r in prof if r.config["backend"]["name"] == "unsloth").metrics
+    uns = next(r for r in prof if r.config["backend"]["name"] == "unsloth")
+    lu = uns.metrics
     earlier = [r for r in load_cells(RUNS / BEST / "llama-3.1-8b_s1024_unsloth") if r.ok]
     saving = max(r.metrics["perf/tokens_per_s"] for r in earlier if r.config["train"]["gradient_checkpointing"])
     best = an.md_table(["model, seq 1024", "GPU", "fast's best (searched)", "tok/s", "MFU %", "Unsloth's best", "tok/s",
@@ -527,9 +538,14 @@ def head_section() -> str:
         f"fast in {BEST}). Profiled on the {gpu_of('c1')} (24 steps: 4 untimed, 2 profiled, 18 timed):", "",
         same_layout_table(prof), "",
         split, "",
-        f"Under the profiler the device has no kernel queued for {min(idle):.0f}-{max(idle):.0f}% of a step (idle) with "
-        "either backend, so this split says more about launch overhead than about the kernels. Unsloth's compiled "
-        "regions launch fewer kernels; lorabench.fused's autograd Functions launch each of theirs from Python.", "",
+        f"Under the profiler fast's device has no kernel queued for {min(idle[:-1]):.0f}-{max(idle[:-1]):.0f}% of a "
+        f"step (idle), Unsloth's for at most {idle[-1] - 100 * compiled_ms(uns) / uns.metrics['prof/step_ms']:.0f}%: "
+        "the profiler's own cost on the host shows most where a step launches most kernels, so this split says more "
+        "about launch overhead than about the kernels. Unsloth's compiled regions launch fewer kernels; "
+        "lorabench.fused's autograd Functions launch each of theirs from Python. Unsloth's row above is low on "
+        f"elementwise work and high on idle by at least {compiled_ms(uns):.0f} ms a step: its compiled Triton kernels "
+        "(SwiGLU, LoRA dropout; the triton_* device rows of its profile.txt) were taken for mirrored host annotations, "
+        "as they run inside host ranges of their own names (fixed in 4298597, after this run).", "",
         f"The same cell four times on the {gpu_of('c2')}, chunk_mem 1 and 8 in turn:", "",
         same_layout_table(chunks), "",
         f"The {saved:.0f} ms a step that the head alone saves at 4,096 rows ({100 * saved / 1e3 / max(p50s):.0f}-"
