@@ -475,8 +475,21 @@ def compiled_ms(r) -> float:
     text = (Path(r.dir) / "profile.txt").read_text()
     steps = int(re.search(r"optimizer steps (\d+)-(\d+)", text)[2]) - int(re.search(r"optimizer steps (\d+)-", text)[1]) + 1
     rows = [re.split(r"\s{2,}", line.strip()) for line in text.splitlines() if line.strip().startswith("triton_")]
-    ms = lambda v: float(v[:-2]) if v.endswith("ms") else float(v[:-2]) / 1e3  # noqa: E731  ("12.5ms", "310.2us")
-    return sum(ms(c[6]) for c in rows if c[2] == "0.000us") / steps
+    return sum(_ms(c[6]) for c in rows if c[2] == "0.000us") / steps
+
+
+def _ms(v: str) -> float:
+    """"12.5ms", "310.2us", "1.515s" -> ms"""
+    return float(v[:-2]) if v.endswith("ms") else float(v[:-2]) / 1e3 if v.endswith("us") else float(v[:-1]) * 1e3
+
+
+def host_ops(r, n: int = 6) -> list[tuple[str, float, int]]:
+    """The operators that held the host longest in a cell's profile.txt (its top-40 table, both profiled steps):
+    (name, self host ms per step, calls per step). Under the profiler: each op's Python and launch cost inflated."""
+    text = (Path(r.dir) / "profile.txt").read_text().split("Top operators")[1]
+    rows = [re.split(r"\s{2,}", line.strip()) for line in text.splitlines()]
+    rows = [(c[0], _ms(c[2]) / 2, int(c[10]) // 2) for c in rows if len(c) == 11 and c[0] != "Name" and c[2][-1] == "s" and c[2] != "0.000us"]
+    return sorted(rows, key=lambda x: -x[1])[:n]
 
 
 def head_section() -> str:
@@ -546,6 +559,14 @@ def head_section() -> str:
         f"elementwise work and high on idle by at least {compiled_ms(uns):.0f} ms a step: its compiled Triton kernels "
         "(SwiGLU, LoRA dropout; the triton_* device rows of its profile.txt) were taken for mirrored host annotations, "
         "as they run inside host ranges of their own names (fixed in 4298597, after this run).", "",
+        f"What held the host longest in a profiled step of {prof[1].label} (self time: the op's own Python and "
+        "launches, Triton's launches inside an autograd Function counted to it; under the profiler, so inflated; "
+        "among the 40 operators of its profile.txt, which are those with the most device time):", "",
+        an.md_table(["operator", "host ms a step", "calls a step"],
+                    [[name_, f"{ms_:.1f}", calls] for name_, ms_, calls in host_ops(prof[1])]), "",
+        "lorabench.fused's autograd Functions (_Projections and its backward: 4 groups x 32 layers) hold the host "
+        "longest; bitsandbytes' dequantize_blockwise and the add after it undo the double-quantised absmax before each "
+        "nf4 dequantisation (backend.absmax_cache keeps it instead, off in fast for memory).", "",
         f"The same cell four times on the {gpu_of('c2')}, chunk_mem 1 and 8 in turn:", "",
         same_layout_table(chunks), "",
         f"The {saved:.0f} ms a step that the head alone saves at 4,096 rows ({100 * saved / 1e3 / max(p50s):.0f}-"
