@@ -15,6 +15,9 @@
 #                  profiled, 24 steps of which 4 untimed and 2 profiled
 #   <model>_s<seq>_<backends>   +experiment=tune gpu=a10: each backend's best within 22 GiB, as in
 #                  2026-11-26_best (14 steps, 4 untimed, at most 10 measured cells per backend)
+# What ran: c1 at b93a4ae on an H100 (its Unsloth rows of head.csv failed on a shadowed name); the machine went
+# back while c1's figures were read; c2 and c3 at 06130bd on an H200 (the call named no kind), c3 right after c2
+# on the same machine; then the session's device time was spent (qwen3-8b not run).
 set -u
 LIMIT_S=${LIMIT_S:-570}; source "$(dirname "$0")/device_setup.sh" "$@"  # wheels, environment, run, t0
 R=/tmp/runs; mkdir -p $R; log=$R/log.txt; echo "=== call $2 at commit $1" >> $log
