@@ -448,8 +448,13 @@ def _loss_chunks(c: Config):
     if c.backend.ce_chunk_mem == 1 or "fused_linear_cross_entropy" not in c.backend.liger:
         yield
         return
+    import inspect
+
     functional = importlib.import_module("liger_kernel.transformers.functional")
     original = functional.liger_fused_linear_cross_entropy
+    if "chunk_mem_const" not in inspect.signature(original).parameters:
+        raise RuntimeError(f"backend.ce_chunk_mem={c.backend.ce_chunk_mem}: this liger-kernel's fused linear "
+                           "cross-entropy takes no chunk_mem_const (0.8.5's does); use backend.ce_chunk_mem=1")
     # wraps: loss_utils keeps the keywords that the original's signature (__wrapped__) names
     functional.liger_fused_linear_cross_entropy = functools.wraps(original)(
         functools.partial(original, chunk_mem_const=c.backend.ce_chunk_mem))
