@@ -2,9 +2,11 @@
 up to one cell result, and DDP at batch B per rank trains exactly like one process at batch 2B."""
 
 import json
+import os
 
 import pytest
-from conftest import EPS32, read_steps, run_in_process
+from conftest import EPS32, compose_cfg, read_steps, run_in_process
+from omegaconf import OmegaConf
 
 from lorabench.report import write_report
 
@@ -131,3 +133,27 @@ def test_one_process_launch_runs_the_worker_without_torchrun(tmp_path, monkeypat
     a, b = [s["loss"] for s in read_steps(tmp_path / "0")], [s["loss"] for s in read_steps(tmp_path / "1")]
     assert len(a) == 6 and a == b  # the same arithmetic in the same process: the same bits
     assert metrics["count/tokens_nonpad"] == one.metrics["count/tokens_nonpad"]
+
+
+def test_an_unsloth_rank_imports_unsloth_before_what_it_patches(tmp_path):
+    """Unsloth patches transformers, peft and trl as they are imported, and warns that it "may run slower" when
+    transformers came first. lorabench.worker, the process of an Unsloth cell, imports unsloth before any of
+    them: a stand-in unsloth package records what was imported when it was (the cell then fails: it is no Unsloth)."""
+    import subprocess
+    import sys
+
+    from lorabench.results import CONFIG_FILE
+
+    fake = tmp_path / "site" / "unsloth"
+    fake.mkdir(parents=True)
+    mark = tmp_path / "imported_before_unsloth.txt"
+    (fake / "__init__.py").write_text(
+        "import sys\nopen(%r, 'w').write(','.join(m for m in ('transformers', 'peft', 'trl') if m in sys.modules))\n"
+        % str(mark))
+    run_dir = tmp_path / "cell"
+    run_dir.mkdir()
+    c = OmegaConf.to_object(compose_cfg(["backend=unsloth", f"data.cache_dir={tmp_path / 'cache'}"]))
+    (run_dir / CONFIG_FILE).write_text(OmegaConf.to_yaml(OmegaConf.structured(c)))
+    env = {**os.environ, "RANK": "0", "PYTHONPATH": os.pathsep.join([str(fake.parent), *sys.path])}
+    subprocess.run([sys.executable, "-m", "lorabench.worker", str(run_dir)], env=env, capture_output=True, timeout=120)
+    assert mark.read_text() == ""  # nothing Unsloth patches was imported before it

@@ -82,7 +82,7 @@ def test_one_exception_gives_one_status_in_a_cell_and_in_a_rank(tmp_path, monkey
     assert result.status is status, result.error
 
     import lorabench.loop
-    from lorabench.distributed import CONFIG_FILE
+    from lorabench.results import CONFIG_FILE
     from lorabench.worker import worker
 
     c = OmegaConf.to_object(compose_cfg(FAST))

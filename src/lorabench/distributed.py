@@ -36,10 +36,10 @@ from lorabench.config import Config, GpuConfig, Pricing
 from lorabench.devices import node_rank
 from lorabench.metrics import summarize
 from lorabench.preemption import HANDLER as preemption
-from lorabench.results import CellInterrupted, CellResult, CellSkipped, Status, atomic_write_text, read_result
+from lorabench.results import (CONFIG_FILE, CellInterrupted, CellResult, CellSkipped, Status, atomic_write_text,
+                               read_result)
 
 log = logging.getLogger(__name__)
-CONFIG_FILE = "cell_config.yaml"
 
 
 def remove_empty(ckpt_dir: Path) -> None:

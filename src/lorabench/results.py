@@ -27,6 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 LIBS = ("torch", "transformers", "peft", "accelerate", "bitsandbytes", "hydra-core", "omegaconf",
         "mistral-common", "nvidia-ml-py", "wandb", "liger-kernel", "triton", "unsloth", "unsloth_zoo")
 RESULT_FILE = "metrics.json"
+CONFIG_FILE = "cell_config.yaml"  # in a cell dir run by lorabench.distributed: its resolved config, for each rank
 CELLS_FILE = "cells.json"  # in a sweep dir: every cell's overrides, written by the preflight
 
 

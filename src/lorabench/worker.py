@@ -19,10 +19,9 @@ from omegaconf import OmegaConf
 
 from lorabench.cell import record
 from lorabench.config import Backend, Config
-from lorabench.distributed import CONFIG_FILE
 from lorabench.loggers import NullLogger
 from lorabench.metrics import memory_stats
-from lorabench.results import CellResult, Status, write_result
+from lorabench.results import CONFIG_FILE, CellResult, Status, write_result
 
 log = logging.getLogger(__name__)
 
