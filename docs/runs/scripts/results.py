@@ -703,6 +703,10 @@ reserved memory after warmup (nvidia-smi shows more: the CUDA context). $/1M tok
 price ($10/h for an H100) over the non-pad tokens/s. The model is Mistral-7B-v0.3's architecture with random weights
 (speed and memory hold, quality does not); nf4 QLoRA, LoRA r16 alpha 32 on q/k/v/o, paged_adamw_8bit, lr 2e-4.
 
+**Unsloth's figures** (every run before commit a1d255c, all of this page's) come from a process that had imported
+transformers before Unsloth (lorabench.worker's own imports), which Unsloth warns "may run slower" as some of its
+patches go in on import: they may be low. Not measured again yet.
+
 **Ratios** are only between cells of one table: the same GPU, the same run, the same rows. fast's layout (batch,
 layers recomputed and offloaded) was chosen by searches in earlier rounds ([history.md](history.md)); hf and Unsloth
 were not searched here: hf ran one cell, the seed's recipe as it is (batch 8, every layer recomputed; batch 4 at
