@@ -658,7 +658,8 @@ def glance() -> str:
         f"- Newest, seq 1024 within 22 GiB: fast's searched best over Unsloth's, Llama-3.1-8B {lf['tok'] / lu:.2f}x on an "
         f"{gpu_of('c1')} (Unsloth's best layout from its earlier search, measured again beside fast's search), "
         f"Qwen2.5-7B {qf['tok'] / qu['tok']:.2f}x on an {gpu_of('c2')} (both searched in one run): short of the 1.15x "
-        f"target. Liger's fused cross-entropy in larger chunks (backend.ce_chunk_mem 8) cuts the time of a 128k-152k "
+        "target (every Unsloth cell so far ran with transformers imported before it, which Unsloth warns may slow it: "
+        f"fixed in a1d255c, not measured again). Liger's fused cross-entropy in larger chunks (backend.ce_chunk_mem 8) cuts the time of a 128k-152k "
         f"word head alone at 4,096 rows by {min(cuts):.0f}-{max(cuts):.0f}%.",
         "- hf, fast and Unsloth each searched (`+experiment=tune`, at most 10 cells each) within 22 GiB on one H100, "
         "seq 512, fixed-length rows, Mistral-7B nf4, in one sweep: " + ", ".join(
