@@ -69,6 +69,26 @@ def test_search_finds_the_true_best_within_the_cell_cap(estimate_error):
     assert "fastest of" in out.why and f"{out.best.tok_s:,.0f} tok/s" in out.why
 
 
+def test_a_best_that_slow_steps_decided_says_so():
+    """Every cell but the true best had slow steps in its window (its tok/s at the median step 20% above its
+    window's): the best by the window is named as before, and its why says that the next was faster at the
+    median step, with both figures; where the median agrees, nothing is added."""
+    gpu = Gpu()
+    Ls = layouts(gpu.per_sample)
+    L, b = gpu.true_best(Ls)
+
+    def measure(K, c):
+        m = gpu.measure(K, c)
+        m.tok_s_p50 = m.tok_s and m.tok_s * (1.0 if (K, c) == (L, b) else 1.2)
+        return m
+
+    out = search(Space(Ls, BATCHES, gpu.budget, fixed_gib=5.0, max_cells=12), measure)
+    nxt = sorted((t for t in out.trials if t.status == "ok"), key=lambda t: -t.tok_s)[1]
+    assert (out.best.layout, out.best.batch) == (L.label, b)
+    assert f"faster at the median step ({nxt.tok_s_p50:,.0f} against {out.best.tok_s_p50:,.0f})" in out.why
+    assert "median" not in search(Space(Ls, BATCHES, gpu.budget, fixed_gib=5.0, max_cells=12), Gpu().measure).why
+
+
 def test_the_largest_batch_end_is_measured_before_the_cap_runs_out():
     """hf's case within 22 GiB: kept activations so large (3 GiB a sample) that every layout but full
     recompute fits a small batch only, and the throughput still rising at b24 (knee 40). With a cap of 6

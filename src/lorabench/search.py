@@ -93,6 +93,7 @@ class Measured:
     error: Optional[str] = None
     device_gib: Optional[float] = None  # mem/device_total_gib: the budget when the gpu option names none
     last: str = ""  # why the sweep ends after this cell (SIGTERM, Ctrl-C, sweep.deadline_s): its result counts
+    tok_s_p50: Optional[float] = None  # the same tokens a step over the median step (lorabench.analysis)
 
 
 @dataclass
@@ -106,6 +107,7 @@ class Trial:
     peak_gib: Optional[float] = None
     job: Optional[int] = None
     reason: str = ""
+    tok_s_p50: Optional[float] = None
 
     def name(self) -> str:
         return f"b{self.batch} {self.layout}" if self.batch else self.layout
@@ -219,7 +221,8 @@ class Search:
 
     def run(self, L: Layout, b: int) -> Trial:
         m = self.measure(L, b)
-        t = Trial(L.label, b, m.status, m.tok_s, m.peak_gib, m.job if m.job is not None else -1, m.error or "")
+        t = Trial(L.label, b, m.status, m.tok_s, m.peak_gib, m.job if m.job is not None else -1, m.error or "",
+                  m.tok_s_p50)
         self.out.trials.append(t)
         if self.budget is None and m.device_gib:
             self.budget = self.out.budget_gib = m.device_gib
@@ -383,7 +386,11 @@ def best_and_why(st: Search) -> None:
     why = (f"fastest of {len(ok)} cells that ran ({n} measured, {len(st.out.trials) - n} skipped): "
            f"{best.tok_s:,.0f} tok/s")
     if len(ok) > 1:
-        why += f"; next {ok[1].name()} at {ok[1].tok_s:,.0f} ({100 * (ok[1].tok_s / best.tok_s - 1):+.1f}%)"
+        nxt = ok[1]
+        why += f"; next {nxt.name()} at {nxt.tok_s:,.0f} ({100 * (nxt.tok_s / best.tok_s - 1):+.1f}%)"
+        if best.tok_s_p50 and nxt.tok_s_p50 and nxt.tok_s_p50 > best.tok_s_p50:  # slow steps decided it
+            why += (f", faster at the median step ({nxt.tok_s_p50:,.0f} against {best.tok_s_p50:,.0f}): the two "
+                    "are within their own step-to-step spread, measure both again before choosing")
     stop = st.out.stops.get(best.layout)
     st.out.why = why + (f"; its layout stopped at {stop}" if stop else "") + \
         (f"; cut short: {st.out.cut_short}" if st.out.cut_short else "")
@@ -658,7 +665,9 @@ class BudgetSearch(Sweeper):
             r = read_result(run_dir / RESULT_FILE)
         except (OSError, ValueError, TypeError) as e:
             return Measured("failed", job=job, error=f"no result in {run_dir}: {e}", last=last)
+        from lorabench.analysis import p50_tokens_per_s
+
         m = r.metrics
         tok = m.get("perf/tokens_per_s") if r.ok else None
         return Measured(r.status.value, tok, m.get("mem/peak_reserved_gib"), job, r.error,
-                        m.get("mem/device_total_gib"), last)
+                        m.get("mem/device_total_gib"), last, p50_tokens_per_s(m) if tok else None)
