@@ -100,3 +100,32 @@ def test_commit_passed_by_the_launcher_wins_over_a_stale_git(monkeypatch):
     assert git_sha()["sha"] == "0123abc"
     monkeypatch.delenv("LORABENCH_GIT_SHA")
     assert git_sha()["sha"] != "0123abc"
+
+
+def test_a_full_garbage_collection_in_a_step_is_recorded_with_that_step(tmp_path):
+    """StepMeter records, per step, the time Python's cyclic garbage collector held the process and its full
+    collections: a gc.collect() inside step 2 shows in step 2's record only; summarize adds up the timed
+    steps' (step 1 is warmup); the meter's callback is gone after the cell."""
+    import gc
+    from types import SimpleNamespace as NS
+
+    import torch
+
+    from lorabench.meter import StepMeter
+
+    meter = StepMeter(torch.device("cpu"), 1, tmp_path / "steps.jsonl")
+    state = NS(global_step=0)
+    meter.on_train_begin(None, state, None)
+    for step in (1, 2, 3):
+        state.global_step = step
+        meter.count_batch({"labels": torch.ones(1, 4, dtype=torch.long)}, torch.ones(1, 4, dtype=torch.long))
+        if step == 2:
+            gc.collect()
+        meter.on_step_end(None, state, None)
+    meter.close()
+    full = [s["gc_full"] for s in meter.steps]
+    assert full[1] >= 1 and meter.steps[1]["gc_ms"] > 0 and meter.steps[1]["gc_ms"] <= 1e3 * meter.steps[1]["time_s"]
+    assert meter._gc not in gc.callbacks
+    out = summarize(meter.steps, meter.window_s, PARAMS, ARCH, GpuConfig(name="x", peak_bf16_tflops=1.0))
+    assert out["count/gc_full_collections"] == sum(full[1:]) and out["time/gc_ms"] == pytest.approx(
+        sum(s["gc_ms"] for s in meter.steps[1:]))

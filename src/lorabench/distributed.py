@@ -150,6 +150,8 @@ def aggregate(ranks: list[CellResult], gpu: GpuConfig) -> dict:
         for k in ("tokens_nonpad", "tokens_total", "tokens_label", "samples", "sum_len_sq"):
             step[k] = sum(r[k] for r in recs)
         step["time_s"] = max(r["time_s"] for r in recs)
+        step["gc_ms"] = max(r.get("gc_ms", 0.0) for r in recs)  # the rank that held the others at the all-reduce
+        step["gc_full"] = max(r.get("gc_full", 0) for r in recs)
         steps.append(step)
     first = ranks[0].rank
     window = max(x.rank["window_s"] for x in ranks)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import os
@@ -105,7 +106,10 @@ class StepMeter(TrainerCallback):
     """Per-step wall time, token counts and loss; one line per step in steps.jsonl.
 
     The first `warmup_steps` steps of this process are not timed, also after a resume (a new
-    process warms up again); `earlier_steps` are the records of the steps before a resume."""
+    process warms up again); `earlier_steps` are the records of the steps before a resume. Each
+    step also records the time Python's cyclic garbage collector held the process in it (gc_ms, any
+    thread) and how many of its full collections (generation 2, which walk every tracked object: the
+    model's modules and tensors too) ran: one of them is a slow step's first suspect."""
 
     def __init__(self, device: torch.device, warmup_steps: int, steps_path: Path, sampler=None, on_step=None,
                  earlier_steps: list[dict] = ()):
@@ -116,6 +120,7 @@ class StepMeter(TrainerCallback):
         self._positions = 0
         self._last_end = 0.0
         self._seen = 0  # steps ended in this process
+        self._gc_start, self._gc_ms, self._gc_full = 0.0, 0.0, 0
 
     @property
     def window_s(self) -> float:
@@ -138,9 +143,19 @@ class StepMeter(TrainerCallback):
                                      ((pos == 0) & (real == 1)).sum()]).to(self._counts.device)
         self._positions += real.numel()
 
+    def _gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_start = time.perf_counter()
+        else:
+            self._gc_ms += 1e3 * (time.perf_counter() - self._gc_start)
+            self._gc_full += info["generation"] == 2
+
     def on_train_begin(self, args, state, control, **kwargs):
+        if self._gc not in gc.callbacks:
+            gc.callbacks.append(self._gc)
         sync(self.device)
         self._last_end = time.perf_counter()
+        self._gc_ms, self._gc_full = 0.0, 0
         if self.warmup_steps == 0:
             self._start_window()
 
@@ -149,6 +164,7 @@ class StepMeter(TrainerCallback):
         the profiler) is not part of any step."""
         sync(self.device)
         self._last_end = time.perf_counter()
+        self._gc_ms, self._gc_full = 0.0, 0
 
     def _start_window(self) -> None:
         if self.device.type == "cuda":
@@ -167,8 +183,10 @@ class StepMeter(TrainerCallback):
         self.steps.append({"step": state.global_step, "time_s": now - self._last_end,
                            "timed": self._seen > self.warmup_steps,
                            "tokens_nonpad": nonpad, "tokens_total": total, "tokens_label": labelled,
-                           "samples": samples, "sum_len_sq": sq})
+                           "samples": samples, "sum_len_sq": sq,
+                           "gc_ms": round(self._gc_ms, 3), "gc_full": self._gc_full})
         self._last_end = now
+        self._gc_ms, self._gc_full = 0.0, 0
         if self._seen == self.warmup_steps:
             self._start_window()
 
@@ -188,6 +206,8 @@ class StepMeter(TrainerCallback):
         self.close()
 
     def close(self) -> None:
+        if self._gc in gc.callbacks:
+            gc.callbacks.remove(self._gc)
         if self.sampler:
             self.sampler.stop()
         self._file.close()

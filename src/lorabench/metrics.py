@@ -13,6 +13,9 @@ Memory: torch's peak allocated / reserved bytes since the end of warmup (the cac
 pool; nvidia-smi shows reserved + CUDA context + other processes). With train.offload_fraction:
   mem/host_offload_peak_gib   pinned host memory that one micro-batch's offloaded activations hold
   count/offload_late_tensors  offloaded tensors the backward waited for (not prefetched in time)
+Host: time/gc_ms, the milliseconds Python's cyclic garbage collector held the process in the timed steps,
+and count/gc_full_collections, its full collections there (each walks every tracked object, the model's
+too); steps.jsonl has both per step (gc_ms, gc_full), to tell a slow step that a collection made.
 Arithmetic: precision/matmul_bytes, the element size of the dtype the matmuls ran at (autocast's, else the
 activations'), 2 for bf16/fp16 and 4 for fp32, read as the first decoder layer ran, not as configured
 (lorabench.meter.MatmulProbe).
@@ -85,6 +88,9 @@ def summarize(steps: list[dict], window_s: float, params: dict, arch: Architectu
         "count/tokens_total": tot["tokens_total"],
         "count/samples": tot["samples"],
         "time/window_s": window_s,
+        # Python's cyclic garbage collector in the timed steps (records before it was measured: 0)
+        "time/gc_ms": sum(s.get("gc_ms", 0.0) for s in timed),
+        "count/gc_full_collections": sum(s.get("gc_full", 0) for s in timed),
         "train/loss_first": steps[0].get("loss"),
         "train/loss_final": steps[-1].get("loss"),
         "params/base_matmul": params["base_matmul"],
