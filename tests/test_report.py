@@ -200,3 +200,26 @@ def test_bench_report_options_compose():
     proc = run_cli("bench.py", ["sweep_dir=x", "report.baseline=3", "report.dataset_samples=500", "--cfg", "job"])
     assert "dataset_samples: 500" in proc.stdout and "baseline: '3'" in proc.stdout
     assert (REPO / "conf" / "bench.yaml").is_file()
+
+
+def test_a_slow_step_is_listed_with_the_garbage_collections_in_it(tmp_path):
+    """A cell whose 5th timed step took 2x its median step: the table lists that step, its seconds, 2.00x and
+    the full collections in it; steps at 1.5x or under, warmup steps and records from before the collector
+    was measured (no gc fields: '-') behave as said; a cell without slow steps adds no row."""
+    from lorabench.analysis import slow_steps_table
+
+    def cell(name, times, gc=True):
+        d = tmp_path / name
+        d.mkdir()
+        recs = [{"step": i + 1, "timed": i > 0, "time_s": t, **({"gc_ms": 40.0 * (t > 0.3), "gc_full": int(t > 0.3)}
+                                                               if gc else {})} for i, t in enumerate(times)]
+        (d / "steps.jsonl").write_text("".join(json.dumps(x) + "\n" for x in recs))
+        timed = sorted(times[1:])
+        return CellResult.from_dict({"status": "ok", "config": {"batch": int(name[1:])}, "dir": str(d),
+                                     "metrics": {"perf/tokens_per_s": 1.0,
+                                                 "perf/step_time_p50_s": timed[len(timed) // 2]}})
+    results = [cell("b4", [9.0, 0.2, 0.2, 0.3, 0.2, 0.4, 0.2]),  # warmup 9 s; 0.3 = 1.5x is not listed
+               cell("b8", [9.0, 0.2, 0.2, 0.5], gc=False), cell("b16", [9.0, 0.2, 0.2, 0.2])]
+    rows = [line.split(" | ") for line in slow_steps_table(results, ["batch"]).splitlines()[2:]]
+    assert rows == [["| batch=4", "6", "0.400", "2.00", "1 (40 ms) |"], ["| batch=8", "4", "0.500", "2.50", "- |"]]
+    assert slow_steps_table(results[2:], ["batch"]) == ""

@@ -474,12 +474,35 @@ def search_table(searches) -> str:
                      "reason (skipped) or error"], rows) + "\n\n" + whys
 
 
-def read_losses(r: CellResult) -> dict[int, float]:
+def read_steps(r: CellResult) -> list[dict]:
+    """The cell's steps.jsonl records ([] where it has none)."""
     try:
-        lines = (Path(r.dir or r.run_dir) / "steps.jsonl").read_text().splitlines()
-        return {s["step"]: s["loss"] for s in map(json.loads, lines) if "loss" in s}
-    except (OSError, KeyError, json.JSONDecodeError):
-        return {}
+        return [json.loads(line) for line in (Path(r.dir or r.run_dir) / "steps.jsonl").read_text().splitlines()]
+    except (OSError, json.JSONDecodeError):
+        return []
+
+
+def read_losses(r: CellResult) -> dict[int, float]:
+    return {s["step"]: s["loss"] for s in read_steps(r) if "loss" in s and "step" in s}
+
+
+SLOW = 1.5  # a timed step this many times its cell's median step is listed in the report
+
+
+def slow_steps_table(results: list[CellResult], axes_: list[str]) -> str:
+    """Every timed step slower than SLOW x its cell's median step: the window's tokens/s counts it, the
+    median does not. With what Python's garbage collector took in that step (records from before it was
+    measured: -), the first suspect."""
+    rows = []
+    for r in ok_cells(results):
+        timed = [s for s in read_steps(r) if s.get("timed")]
+        p50 = r.metrics.get("perf/step_time_p50_s")
+        for s in timed:
+            if p50 and s["time_s"] > SLOW * p50:
+                gc = f"{s['gc_full']} ({s['gc_ms']:.0f} ms)" if "gc_full" in s else "-"
+                rows.append([label(r, axes_), s["step"], f"{s['time_s']:.3f}", f"{s['time_s'] / p50:.2f}", gc])
+    return md_table(["cell", "step", "s", "x the median step", "full garbage collections in it (time)"],
+                    rows) if rows else ""
 
 
 def _same_batches(axis: str) -> bool:

@@ -38,6 +38,8 @@ def sections(results: list[CellResult], axes_: list[str], cfg: ReportConfig, cur
     out = {
         "Knob effects": "\n".join(f"- {an.sentence(e)}" for e in effects),
         "Spread over repeated cells (train.seed)": an.spread_table(results, axes_),
+        f"Slow steps (over {an.SLOW:g}x the cell's median step; the window's tok/s counts them, 'at p50' does not)":
+            an.slow_steps_table(results, axes_),
         ("Backends: each one's best against hf's best, same rows and budget" if searches else
          "Backends: each one's fastest cell run against hf's (unsearched), same rows and budget"): backends,
         "Search: every cell tried per backend (search.json)": an.search_table(searches),
