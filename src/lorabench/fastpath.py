@@ -21,6 +21,7 @@ import enum
 import functools
 import importlib
 import importlib.util
+import inspect
 import logging
 import os
 from dataclasses import dataclass
@@ -448,8 +449,6 @@ def _loss_chunks(c: Config):
     if c.backend.ce_chunk_mem == 1 or "fused_linear_cross_entropy" not in c.backend.liger:
         yield
         return
-    import inspect
-
     functional = importlib.import_module("liger_kernel.transformers.functional")
     original = functional.liger_fused_linear_cross_entropy
     if "chunk_mem_const" not in inspect.signature(original).parameters:

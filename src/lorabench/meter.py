@@ -153,9 +153,7 @@ class StepMeter(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         if self._gc not in gc.callbacks:
             gc.callbacks.append(self._gc)
-        sync(self.device)
-        self._last_end = time.perf_counter()
-        self._gc_ms, self._gc_full = 0.0, 0
+        self.restart_clock()
         if self.warmup_steps == 0:
             self._start_window()
 

@@ -377,14 +377,15 @@ def searched_best(dir_: str, backend: str, run: str = SEARCHED) -> dict | None:
         b = recs[0].best
         m = json.loads((d / str(b.job) / "metrics.json").read_text())["metrics"]
         cut = " (search cut short)" if recs[0].cut_short else ""
-        return dict(tok=b.tok_s, layout=f"b{b.batch} {b.layout}{cut}", peak=b.peak_gib, mfu=m.get("perf/mfu_pct"))
+        return dict(tok=b.tok_s, layout=f"b{b.batch} {b.layout}{cut}", peak=b.peak_gib, mfu=m.get("perf/mfu_pct"),
+                    p50=an.p50_tokens_per_s(m))
     cells = [r for r in load_cells(d) if r.config["backend"]["name"] == backend]
     best = max((r for r in cells if r.ok), key=lambda r: r.metrics["perf/tokens_per_s"], default=None)
     if best is None:
         return None
     m = best.metrics
     return dict(tok=m["perf/tokens_per_s"], peak=m["mem/peak_reserved_gib"], mfu=m.get("perf/mfu_pct"),
-                layout=f"{an.layout_name(best)} (search cut short after {len(cells)} cells)")
+                layout=f"{an.layout_name(best)} (search cut short after {len(cells)} cells)", p50=an.p50_tokens_per_s(m))
 
 
 BEST = "2026-11-26_best"  # bash docs/runs/scripts/2026-11-26_best.sh 6a9ca22 c1|c2|c3: one H100, three calls
@@ -454,12 +455,18 @@ def head_rows() -> list[dict]:
     return list(csv.DictReader((RUNS / HEAD / "head.csv").open()))
 
 
+def chunk_cut(rows: list[dict], model: str, n: str) -> float:
+    """% of the head's time that Liger's chunk_mem 8 saves against its 1, for `model` at `n` rows (head.csv)."""
+    ms = {r["impl"]: float(r["ms"]) for r in rows if r["model"] == model and r["rows"] == n}
+    return 100 * (1 - ms["liger 8"] / ms["liger 1"])
+
+
 def gpu_of(call: str) -> str:
     return (RUNS / HEAD / f"gpu_{call}.csv").read_text().splitlines()[1].split(",")[0]
 
 
 def steps_of(r) -> list[float]:
-    return [s["time_s"] for s in map(json.loads, (Path(r.dir) / "steps.jsonl").read_text().splitlines()) if s["timed"]]
+    return [x["time_s"] for x in an.read_steps(r) if x["timed"]]
 
 
 def same_layout_table(cells) -> str:
@@ -469,27 +476,43 @@ def same_layout_table(cells) -> str:
          f"{min(t):.3f} / {max(t):.3f}", len(t)] for r in cells for t in [steps_of(r)]])
 
 
-def compiled_ms(r) -> float:
-    """ms per profiled step of torch.compile's Triton kernels in a cell's profile.txt: the device rows (no host
-    time) named triton_* of its top-40 operators table, so a lower bound."""
-    text = (Path(r.dir) / "profile.txt").read_text()
-    steps = int(re.search(r"optimizer steps (\d+)-(\d+)", text)[2]) - int(re.search(r"optimizer steps (\d+)-", text)[1]) + 1
-    rows = [re.split(r"\s{2,}", line.strip()) for line in text.splitlines() if line.strip().startswith("triton_")]
-    return sum(_ms(c[6]) for c in rows if c[2] == "0.000us") / steps
-
-
 def _ms(v: str) -> float:
     """"12.5ms", "310.2us", "1.515s" -> ms"""
     return float(v[:-2]) if v.endswith("ms") else float(v[:-2]) / 1e3 if v.endswith("us") else float(v[:-1]) * 1e3
 
 
+def profile_ops(r) -> list[tuple[str, float, float, int]]:
+    """A cell's profile.txt top-40 operators table (the 40 with the most device time), per profiled step:
+    (name, self host ms, self device ms, calls)."""
+    text = (Path(r.dir) / "profile.txt").read_text()
+    first, last = map(int, re.search(r"optimizer steps (\d+)-(\d+)", text).groups())
+    steps = last - first + 1
+    cols = [re.split(r"\s{2,}", line.strip()) for line in text.split("Top operators")[1].splitlines()]
+    return [(c[0], _ms(c[2]) / steps, _ms(c[6]) / steps, int(c[10]) // steps)
+            for c in cols if len(c) == 11 and c[0] != "Name" and c[2][-1] == "s"]
+
+
+def compiled_ms(r) -> float:
+    """ms per profiled step of torch.compile's Triton kernels: the table's device rows (no host time) named
+    triton_*, so a lower bound."""
+    return sum(dev for name, host, dev, _ in profile_ops(r) if name.startswith("triton_") and host == 0)
+
+
 def host_ops(r, n: int = 6) -> list[tuple[str, float, int]]:
-    """The operators that held the host longest in a cell's profile.txt (its top-40 table, both profiled steps):
-    (name, self host ms per step, calls per step). Under the profiler: each op's Python and launch cost inflated."""
-    text = (Path(r.dir) / "profile.txt").read_text().split("Top operators")[1]
-    rows = [re.split(r"\s{2,}", line.strip()) for line in text.splitlines()]
-    rows = [(c[0], _ms(c[2]) / 2, int(c[10]) // 2) for c in rows if len(c) == 11 and c[0] != "Name" and c[2][-1] == "s" and c[2] != "0.000us"]
-    return sorted(rows, key=lambda x: -x[1])[:n]
+    """The operators that held the host longest in a profiled step (name, self host ms, calls). Under the
+    profiler: each op's Python and launch cost inflated."""
+    ops = sorted((op for op in profile_ops(r) if op[1] > 0), key=lambda op: -op[1])
+    return [(name, host, calls) for name, host, _, calls in ops[:n]]
+
+
+def head_bests() -> dict:
+    """fast's and Unsloth's bests in HEAD: Llama-3's fast search and Unsloth's profiled cell (c1), Qwen2.5-7B's
+    two searches (c2, c3); each as searched_best gives it."""
+    u = load_cells(RUNS / HEAD / "llama_b4_unsloth")[0].metrics
+    return {"llama fast": searched_best("llama-3.1-8b_s1024_fast", "fast", HEAD),
+            "llama unsloth": dict(tok=u["perf/tokens_per_s"], p50=an.p50_tokens_per_s(u), mfu=u["perf/mfu_pct"]),
+            "qwen fast": searched_best("qwen2.5-7b_s1024_fast", "fast", HEAD),
+            "qwen unsloth": searched_best("qwen2.5-7b_s1024_unsloth", "unsloth", HEAD)}
 
 
 def head_section() -> str:
@@ -505,7 +528,6 @@ def head_section() -> str:
           *[f"{ms(m, n, i)['ms']} ({ms(m, n, i)['extra_mib']})" for i in ("liger 1", "liger 8", "liger 32", "torch",
                                                                           "unsloth")],
           ms(m, n, "liger 8")["grad_err"]] for m in models for n in ("4096", "8192")])
-    cut = lambda m, n: 100 * (1 - float(ms(m, n, "liger 8")["ms"]) / float(ms(m, n, "liger 1")["ms"]))  # noqa: E731
     saved = float(ms("llama-3.1-8b", "4096", "liger 1")["ms"]) - float(ms("llama-3.1-8b", "4096", "liger 8")["ms"])
     d = RUNS / HEAD
     prof = load_cells(d / "llama_b4_fast") + load_cells(d / "llama_b4_unsloth")
@@ -521,26 +543,19 @@ def head_section() -> str:
     split = an.md_table(["cell", "profiled step ms", "timed step p50 ms", *[f"{c} %" for c in an.CATEGORIES]],
                         [[r.label, f"{r.metrics['prof/step_ms']:.0f}", f"{1e3 * r.metrics['perf/step_time_p50_s']:.0f}",
                           *[f"{100 * r.metrics[f'prof/{c}_frac']:.0f}" for c in an.CATEGORIES]] for r in prof])
-    lf, qf = searched_best("llama-3.1-8b_s1024_fast", "fast", HEAD), searched_best("qwen2.5-7b_s1024_fast", "fast", HEAD)
-    qu = searched_best("qwen2.5-7b_s1024_unsloth", "unsloth", HEAD)
+    b = head_bests()
+    lf, lu, qf, qu = b["llama fast"], b["llama unsloth"], b["qwen fast"], b["qwen unsloth"]
     uns = next(r for r in prof if r.config["backend"]["name"] == "unsloth")
-    lu = uns.metrics
     earlier = [r for r in load_cells(RUNS / BEST / "llama-3.1-8b_s1024_unsloth") if r.ok]
     saving = max(r.metrics["perf/tokens_per_s"] for r in earlier if r.config["train"]["gradient_checkpointing"])
-    p50 = lambda dir_, b: an.p50_tokens_per_s(json.loads((d / dir_ / str(next(  # noqa: E731
-        r for r in load_searches(d / dir_) if r.backend == b).best.job) / "metrics.json").read_text())["metrics"])
-    lf50, qf50, qu50 = (p50("llama-3.1-8b_s1024_fast", "fast"), p50("qwen2.5-7b_s1024_fast", "fast"),
-                        p50("qwen2.5-7b_s1024_unsloth", "unsloth"))
-    lu50 = an.p50_tokens_per_s(lu)
     best = an.md_table(["model, seq 1024", "GPU", "fast's best (searched)", "tok/s (at p50)", "MFU %", "Unsloth's best",
                         "tok/s (at p50)", "MFU %", "fast / Unsloth (at p50)"], [
-        ["llama-3.1-8b", gpu_of("c1"), lf["layout"], f"{lf['tok']:,.0f} ({lf50:,.0f})", f"{lf['mfu']:.1f}",
-         f"b4 unsloth checkpointing off: the best of its search in {BEST}, measured again in this run (18 timed steps)",
-         f"{lu['perf/tokens_per_s']:,.0f} ({lu50:,.0f})", f"{lu['perf/mfu_pct']:.1f}",
-         f"{lf['tok'] / lu['perf/tokens_per_s']:.2f}x ({lf50 / lu50:.2f}x)"],
-        ["qwen2.5-7b", gpu_of("c2"), qf["layout"], f"{qf['tok']:,.0f} ({qf50:,.0f})", f"{qf['mfu']:.1f}",
-         qu["layout"] + " (searched)", f"{qu['tok']:,.0f} ({qu50:,.0f})", f"{qu['mfu']:.1f}",
-         f"{qf['tok'] / qu['tok']:.2f}x ({qf50 / qu50:.2f}x)"]])
+        [model, gpu_of(call), f["layout"], f"{f['tok']:,.0f} ({f['p50']:,.0f})", f"{f['mfu']:.1f}", u_name,
+         f"{u['tok']:,.0f} ({u['p50']:,.0f})", f"{u['mfu']:.1f}", f"{f['tok'] / u['tok']:.2f}x ({f['p50'] / u['p50']:.2f}x)"]
+        for model, call, f, u, u_name in (
+            ("llama-3.1-8b", "c1", lf, lu, f"b4 unsloth checkpointing off: the best of its search in {BEST}, measured "
+                                           "again in this run (18 timed steps)"),
+            ("qwen2.5-7b", "c2", qf, qu, qu["layout"] + " (searched)"))])
     return "\n".join([
         "### The loss head on a large vocabulary, and fast's and Unsloth's bests again (commits b93a4ae, 06130bd)", "",
         "The head alone: hidden states [rows x hidden] -> logits -> mean cross-entropy, forward and backward, the head "
@@ -552,7 +567,8 @@ def head_section() -> str:
         f"memory target) on an {gpu_of('c2')} in a later run: beside them, not divided by them.", "",
         head, "",
         "backend.ce_chunk_mem (fast: 8) passes chunk_mem to Liger. It cuts the head's time by " + "; ".join(
-            f"{m} {cut(m, '4096'):.0f}% at 4,096 rows, {cut(m, '8192'):.0f}% at 8,192" for m in models)
+            f"{m} {chunk_cut(rows, m, '4096'):.0f}% at 4,096 rows, {chunk_cut(rows, m, '8192'):.0f}% at 8,192"
+            for m in models)
         + ". The input gradient's error against torch's fp32 loss is that of bf16 (its rows sum in another order).", "",
         f"In the cell: Llama-3.1-8B, batch 4, nothing recomputed, seq 1024, within 22 GiB (the layout where Unsloth led "
         f"fast in {BEST}). Profiled on the {gpu_of('c1')} (24 steps: 4 untimed, 2 profiled, 18 timed):", "",
@@ -657,16 +673,13 @@ def glance() -> str:
     b3 = {b: searched_best("mistral-7b_s512", b, BEST) for b in ("hf", "fast", "unsloth")}
     l3 = {b: searched_best(*(("llama-3.1-8b_s1024_unsloth", b) if b == "unsloth" else ("llama-3.1-8b_s1024", b)), BEST)
           for b in ("hf", "fast", "unsloth")}
-    hd = RUNS / HEAD
-    lf, qf = searched_best("llama-3.1-8b_s1024_fast", "fast", HEAD), searched_best("qwen2.5-7b_s1024_fast", "fast", HEAD)
-    qu = searched_best("qwen2.5-7b_s1024_unsloth", "unsloth", HEAD)
-    lu = load_cells(hd / "llama_b4_unsloth")[0].metrics["perf/tokens_per_s"]
-    t = {(r["model"], r["impl"]): float(r["ms"]) for r in head_rows() if r["rows"] == "4096"}
-    cuts = [100 * (1 - t[m, "liger 8"] / t[m, "liger 1"]) for m in ("llama-3.1-8b", "qwen2.5-7b", "qwen3-8b")]
+    hb = head_bests()
+    cuts = [chunk_cut(head_rows(), m, "4096") for m in ("llama-3.1-8b", "qwen2.5-7b", "qwen3-8b")]
     return "\n".join([
-        f"- Newest, seq 1024 within 22 GiB: fast's searched best over Unsloth's, Llama-3.1-8B {lf['tok'] / lu:.2f}x on an "
+        f"- Newest, seq 1024 within 22 GiB: fast's searched best over Unsloth's, Llama-3.1-8B "
+        f"{hb['llama fast']['tok'] / hb['llama unsloth']['tok']:.2f}x on an "
         f"{gpu_of('c1')} (Unsloth's best layout from its earlier search, measured again beside fast's search), "
-        f"Qwen2.5-7B {qf['tok'] / qu['tok']:.2f}x on an {gpu_of('c2')} (both searched in one run): short of the 1.15x "
+        f"Qwen2.5-7B {hb['qwen fast']['tok'] / hb['qwen unsloth']['tok']:.2f}x on an {gpu_of('c2')} (both searched in one run): short of the 1.15x "
         "target (every Unsloth cell so far ran with transformers imported before it, which Unsloth warns may slow it: "
         f"fixed in a1d255c, not measured again). Liger's fused cross-entropy in larger chunks (backend.ce_chunk_mem 8) cuts the time of a 128k-152k "
         f"word head alone at 4,096 rows by {min(cuts):.0f}-{max(cuts):.0f}%.",
