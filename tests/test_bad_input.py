@@ -34,6 +34,7 @@ SCHEMA_CASES = [
     ("data.num_workers=-2", ["data.num_workers must be >= 0", "-2"]),
     ("sweep.deadline_s=0", ["sweep.deadline_s must be > 0 seconds", "0"]),
     ("backend.ce_chunk_mem=0", ["backend.ce_chunk_mem must be >= 1", "got 0"]),
+    ("backend.gc_every=-1", ["backend.gc_every must be >= 0", "got -1"]),
 ]
 
 

@@ -137,7 +137,8 @@ def test_a_cell_with_lean_step_and_fused_mlp_trains_as_without_them(tmp_path, fl
 @requires_cuda
 @pytest.mark.parametrize("nested", [False, True])
 def test_triton_dequant_is_bitsandbytes_bit_for_bit_on_gpu(nested):
-    """Mistral's shapes (and an odd one), with and without double quantisation: the same bf16 bits."""
+    """Mistral's shapes (and an odd one), with and without double quantisation: the same bf16 bits, the
+    double quantisation undone inside the kernel (nothing kept) and from kept fp32 scales."""
     import bitsandbytes.functional as bnbf
 
     from lorabench import nf4_kernels
@@ -149,6 +150,7 @@ def test_triton_dequant_is_bitsandbytes_bit_for_bit_on_gpu(nested):
         assert nf4_kernels.runs(q, state)
         reference = bnbf.dequantize_4bit(q, state)
         assert torch.equal(nf4_kernels.dequantize(q, state), reference), shape
+        assert not hasattr(state, "lorabench_absmax")
         for _ in range(2):  # the kept scales: computed, then reused
             assert torch.equal(nf4_kernels.dequantize(q, state, keep_absmax=True), reference), shape
         assert hasattr(state, "lorabench_absmax") == nested

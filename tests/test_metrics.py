@@ -102,6 +102,47 @@ def test_commit_passed_by_the_launcher_wins_over_a_stale_git(monkeypatch):
     assert git_sha()["sha"] != "0123abc"
 
 
+def test_gc_every_collects_young_garbage_on_schedule_inside_the_step_and_restores_the_collector(tmp_path):
+    """backend.gc_every=2: while training the collector runs only when steps 1 and 3 begin (global_step 0
+    and 2), inside their time; each step makes 5,000 reference cycles (700 allocations start an automatic
+    collection), so with the collector on every step would collect; none is full; the cycles made in
+    step 1 are freed when step 3 begins; after the cell the collector is on again."""
+    import gc
+    import weakref
+    from types import SimpleNamespace as NS
+
+    import torch
+
+    from lorabench.meter import StepMeter
+
+    class Cycle:
+        def __init__(self):
+            self.me = self
+
+    assert gc.isenabled()
+    meter = StepMeter(torch.device("cpu"), 0, tmp_path / "steps.jsonl", gc_every=2)
+    state = NS(global_step=0)
+    meter.on_train_begin(None, state, None)
+    first = None
+    for step in (1, 2, 3, 4):
+        meter.on_step_begin(None, state, None)
+        assert not gc.isenabled()
+        cycles = [Cycle() for _ in range(5000)]
+        first = first or weakref.ref(cycles[0])
+        del cycles
+        if step == 3:
+            assert first() is None  # collected when step 3 began
+        state.global_step = step
+        meter.count_batch({"labels": torch.ones(1, 4, dtype=torch.long)}, torch.ones(1, 4, dtype=torch.long))
+        meter.on_step_end(None, state, None)
+        if step == 2:
+            assert first() is not None  # no collection since step 1 began
+    meter.close()
+    assert gc.isenabled()
+    assert [s["gc_ms"] > 0 for s in meter.steps] == [True, False, True, False]
+    assert [s["gc_full"] for s in meter.steps] == [0, 0, 0, 0]
+
+
 def test_a_full_garbage_collection_in_a_step_is_recorded_with_that_step(tmp_path):
     """StepMeter records, per step, the time Python's cyclic garbage collector held the process and its full
     collections: a gc.collect() inside step 2 shows in step 2's record only; summarize adds up the timed

@@ -538,6 +538,10 @@ class BackendConfig:
     # only the trainable parameters, train() walks the modules only when the mode changes. The GPU
     # waits for that work between steps; nothing the model computes changes.
     lean_step: bool = False
+    # Python's cyclic garbage collector off while training, its two young generations collected when
+    # every Nth step begins (inside that step's time: lorabench.meter.StepMeter); 0: Python's own
+    # schedule, where a full collection (every tracked object, the model's too) can land in any step.
+    gc_every: int = 0
     # The MLP's gate/up and down projections through lorabench.fused too (gate and up's input gradient
     # summed by cuBLAS, one [tokens x hidden] add less per layer).
     fused_mlp: bool = False
@@ -546,7 +550,8 @@ class BackendConfig:
     triton_dequant: bool = False
     # With triton_dequant: each double-quantised weight's fp32 block scales dequantised once and kept
     # (weights are frozen): 4 bytes per 64 weights, 0.44 GB for Mistral-7B (what double quantisation
-    # saves), for one launch less per dequantisation. Off in fast (memory budgets); a knob to sweep.
+    # saves). Without it the Triton kernel undoes the double quantisation itself, in the same launch, so
+    # keeping them saves only two gathers per weight. Off in fast (memory budgets); a knob to sweep.
     absmax_cache: bool = False
     # With Liger's RMSNorm: its backward, where the norm's weight is frozen (QLoRA), launched with one
     # program per 4 rows instead of one per SM (lorabench.norm_kernels): the same arithmetic.
@@ -569,6 +574,8 @@ class BackendConfig:
     def __post_init__(self) -> None:
         if self.ce_chunk_mem < 1:
             raise ValueError(f"backend.ce_chunk_mem must be >= 1 (Liger's chunk_mem_const), got {self.ce_chunk_mem}")
+        if self.gc_every < 0:
+            raise ValueError(f"backend.gc_every must be >= 0 (0: Python's own collector schedule), got {self.gc_every}")
         unknown = sorted(set(self.liger) - set(LIGER_OPS))
         if unknown:
             raise ValueError(f"backend.liger={self.liger}: {unknown} is not a Liger op lorabench applies; "

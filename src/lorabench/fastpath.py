@@ -356,7 +356,7 @@ PARTS = (
          Cuda.FALLBACK, through=FUSED),
     Part("triton_dequant", "nf4 weights dequantised by a Triton kernel (lorabench.nf4_kernels)", Stage.KERNEL,
          Cuda.FALLBACK, through=FUSED),
-    Part("absmax_cache", "triton_dequant's block scales kept", Stage.KERNEL, Cuda.FALLBACK,
+    Part("absmax_cache", "triton_dequant's block scales kept in fp32, not undone in its kernel", Stage.KERNEL, Cuda.FALLBACK,
          through=("triton_dequant",)),
     Part("triton_input_grad", "the attention's input gradients as one Triton GEMM (lorabench.grad_kernels)",
          Stage.KERNEL, Cuda.FALLBACK, through=("fused_lora",)),
@@ -365,6 +365,8 @@ PARTS = (
     Part("flat_optimizer", "the adapters updated as one flat tensor (lorabench.flat_optim)", Stage.TRAINER,
          unsharded="makes the adapters views of one flat tensor; FSDP2 holds each as a DTensor shard of its own"),
     Part("lean_step", "the Trainer's per-step host work cut (lorabench.meter.lean_step)", Stage.TRAINER),
+    Part("gc_every", "Python's garbage collector on a schedule: its young generations every N steps, never a "
+         "full collection mid-training (lorabench.meter.StepMeter)", Stage.TRAINER),
     Part("compile", "torch.compile of each decoder layer", Stage.COMPILE,
          unsharded="compiles each decoder layer before the Trainer wraps it in FSDP2; that order is not checked"),
 )

@@ -150,7 +150,8 @@ def watch_training(c: Config, device: torch.device, run_dir: Path, steps_file: P
     log.info("timing: %d untimed steps%s, then %d timed", c.train.untimed,
              f" and {c.train.profile_steps} profiled" if c.train.profile_steps else "",
              c.train.max_steps - untimed)
-    meter = StepMeter(device, untimed, steps_file, sampler, logger.log_step, earlier_steps=resume.earlier_steps)
+    meter = StepMeter(device, untimed, steps_file, sampler, logger.log_step, earlier_steps=resume.earlier_steps,
+                      gc_every=c.backend.gc_every)
     guard = Guard(c.train.host_memory_limit_gib)  # the host-memory watchdog; a signal's grace period
     callbacks = [meter, StopOnSignal()] + ([ProgressBar(c.train.max_steps, meter)] if rank == 0 else [])
     profiler = None

@@ -109,11 +109,16 @@ class StepMeter(TrainerCallback):
     process warms up again); `earlier_steps` are the records of the steps before a resume. Each
     step also records the time Python's cyclic garbage collector held the process in it (gc_ms, any
     thread) and how many of its full collections (generation 2, which walk every tracked object: the
-    model's modules and tensors too) ran: one of them is a slow step's first suspect."""
+    model's modules and tensors too) ran: one of them is a slow step's first suspect.
+
+    With `gc_every` N > 0 (backend.gc_every) the collector runs on a schedule instead (torchtitan's
+    training.gc_freq): off while training, one collection of its two young generations when every Nth
+    step begins, inside that step's time; a full collection never runs mid-training."""
 
     def __init__(self, device: torch.device, warmup_steps: int, steps_path: Path, sampler=None, on_step=None,
-                 earlier_steps: list[dict] = ()):
+                 earlier_steps: list[dict] = (), gc_every: int = 0):
         self.device, self.warmup_steps, self.sampler, self.on_step = device, warmup_steps, sampler, on_step
+        self.gc_every, self._gc_was_on = gc_every, None
         self.steps: list[dict] = list(earlier_steps)
         self._file = JsonLines(steps_path)  # each line written whole: a killed cell keeps its steps
         self._counts = torch.zeros(4, dtype=torch.int64, device=device)
@@ -153,6 +158,10 @@ class StepMeter(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         if self._gc not in gc.callbacks:
             gc.callbacks.append(self._gc)
+        if self.gc_every and self._gc_was_on is None:
+            self._gc_was_on = gc.isenabled()
+            gc.collect()  # what building the model left, before the clock starts
+            gc.disable()
         self.restart_clock()
         if self.warmup_steps == 0:
             self._start_window()
@@ -169,6 +178,10 @@ class StepMeter(TrainerCallback):
             torch.cuda.reset_peak_memory_stats(self.device)
         if self.sampler:
             self.sampler.start()
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if self.gc_every and state.global_step % self.gc_every == 0:
+            gc.collect(1)
 
     def on_step_end(self, args, state, control, **kwargs):
         sync(self.device)
@@ -206,6 +219,9 @@ class StepMeter(TrainerCallback):
     def close(self) -> None:
         if self._gc in gc.callbacks:
             gc.callbacks.remove(self._gc)
+        if self._gc_was_on:  # the collector as it was before training (a multirun's next cell, the tests)
+            gc.enable()
+        self._gc_was_on = None
         if self.sampler:
             self.sampler.stop()
         self._file.close()

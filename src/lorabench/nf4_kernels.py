@@ -7,9 +7,13 @@ dX = dY W (the bf16 copy is a temporary). That is 7.0e9 weights x 2 x 2.5 bytes 
 
 Here one program reads 2,048 packed bytes (4,096 weights in 64 quantisation blocks): each byte holds
 two codes, high nibble first; a weight is NF4[code] x absmax[its block], multiplied in fp32 and
-rounded once to bf16, as bitsandbytes does. The double-quantised absmax (8-bit, with its own fp32
-scale per 256 blocks and an offset) is dequantised by bitsandbytes' own call first (1/64 of the
-work), so both paths round it the same way.
+rounded once to bf16, as bitsandbytes does. The double-quantised absmax (8-bit codes, an fp32 scale
+per 256 blocks and an offset) is undone inside the same kernel, in bitsandbytes' order and rounding:
+code2[q] x absmax2 rounded to fp32, then + offset rounded again (fp contraction off, so no fused
+multiply-add rounds once instead). bitsandbytes undoes it with calls of its own (dequantize_blockwise,
+then an add): two more launches per weight, ~450 times a step for a 32-layer model (7 projections,
+forward and backward), 48 + 19 us of host time each under the profiler (docs/results.md, the head
+section: 21.5 + 8.3 ms a step), where the fast path's step at batch 4 waits on the host.
 """
 
 from __future__ import annotations
@@ -22,12 +26,19 @@ BYTES = 2048  # packed bytes per program: 4,096 weights
 
 
 @triton.jit
-def _nf4_kernel(q_ptr, absmax_ptr, table_ptr, out_ptr, n_bytes, BLOCKSIZE: tl.constexpr, BYTES: tl.constexpr):
+def _nf4_kernel(q_ptr, absmax_ptr, table_ptr, out_ptr, n_bytes, code2_ptr, absmax2_ptr, offset_ptr,
+                BLOCKSIZE: tl.constexpr, BLOCKSIZE2: tl.constexpr, NESTED: tl.constexpr, BYTES: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     offs = pid * BYTES + tl.arange(0, BYTES)
     inside = offs < n_bytes
     q = tl.load(q_ptr + offs, mask=inside, other=0).to(tl.int32)
-    scale = tl.load(absmax_ptr + (2 * offs) // BLOCKSIZE, mask=inside, other=0.0)  # both weights of a byte share a block
+    block = (2 * offs) // BLOCKSIZE  # both weights of a byte share a block
+    if NESTED:  # absmax = code2[8-bit code] x absmax2[block // 256] + offset, two roundings as bitsandbytes'
+        code = tl.load(absmax_ptr + block, mask=inside, other=0).to(tl.int32)
+        scale = tl.load(code2_ptr + code) * tl.load(absmax2_ptr + block // BLOCKSIZE2, mask=inside, other=0.0)
+        scale = scale + tl.load(offset_ptr)
+    else:
+        scale = tl.load(absmax_ptr + block, mask=inside, other=0.0)
     hi = tl.load(table_ptr + (q >> 4)) * scale
     lo = tl.load(table_ptr + (q & 15)) * scale
     out = tl.interleave(hi, lo).to(out_ptr.dtype.element_ty)  # weight 2i is byte i's high nibble
@@ -62,11 +73,18 @@ def _absmax(state, keep: bool) -> torch.Tensor:
 
 
 def dequantize(weight: torch.Tensor, state, keep_absmax: bool = False) -> torch.Tensor:
-    """bitsandbytes.functional.dequantize_4bit(weight, state) for nf4 on CUDA: [out x in] in state.dtype."""
-    absmax = _absmax(state, keep_absmax)
+    """bitsandbytes.functional.dequantize_4bit(weight, state) for nf4 on CUDA: [out x in] in state.dtype.
+    A double-quantised absmax is undone inside the kernel, unless it is kept in fp32 (`keep_absmax`)."""
+    if state.nested and not keep_absmax and getattr(state, "lorabench_absmax", None) is None:
+        absmax, nest, blocksize2 = state.absmax, (state.state2.code, state.state2.absmax, state.offset), \
+            state.state2.blocksize
+    else:  # fp32 scales: the three nested arguments are placeholders the kernel never reads
+        absmax = _absmax(state, keep_absmax)
+        nest, blocksize2 = (absmax, absmax, absmax), 1
     out = torch.empty(state.shape, dtype=state.dtype, device=weight.device)
     n_bytes = state.shape.numel() // 2
     table = state.code.to(device=weight.device, dtype=torch.float32)
-    _nf4_kernel[(triton.cdiv(n_bytes, BYTES),)](weight.reshape(-1), absmax, table, out, n_bytes,
-                                                 BLOCKSIZE=state.blocksize, BYTES=BYTES)
+    _nf4_kernel[(triton.cdiv(n_bytes, BYTES),)](
+        weight.reshape(-1), absmax, table, out, n_bytes, *nest, BLOCKSIZE=state.blocksize, BLOCKSIZE2=blocksize2,
+        NESTED=blocksize2 > 1, BYTES=BYTES, enable_fp_fusion=False)
     return out
