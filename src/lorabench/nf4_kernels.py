@@ -75,7 +75,8 @@ def _absmax(state, keep: bool) -> torch.Tensor:
 def dequantize(weight: torch.Tensor, state, keep_absmax: bool = False) -> torch.Tensor:
     """bitsandbytes.functional.dequantize_4bit(weight, state) for nf4 on CUDA: [out x in] in state.dtype.
     A double-quantised absmax is undone inside the kernel, unless it is kept in fp32 (`keep_absmax`)."""
-    if state.nested and not keep_absmax and getattr(state, "lorabench_absmax", None) is None:
+    if state.nested and not keep_absmax and getattr(state, "lorabench_absmax", None) is None \
+            and state.offset.device == weight.device:  # (a quant state built on the host keeps it there)
         absmax, nest, blocksize2 = state.absmax, (state.state2.code, state.state2.absmax, state.offset), \
             state.state2.blocksize
     else:  # fp32 scales: the three nested arguments are placeholders the kernel never reads
