@@ -135,6 +135,38 @@ def test_one_process_launch_runs_the_worker_without_torchrun(tmp_path, monkeypat
     assert metrics["count/tokens_nonpad"] == one.metrics["count/tokens_nonpad"]
 
 
+def test_a_rank_s_oom_keeps_its_peak_and_the_device_size_in_the_cell_s_record(tmp_path, monkeypatch):
+    """A one-process cell (backend=unsloth's) whose rank ran out of memory: the launcher raises the OOM and the
+    cell's record keeps what the rank measured, its peak and the device's size, which a search under gpu=auto
+    reads as its budget (search.Measured.device_gib) instead of walking down one OOM at a time."""
+    import subprocess
+
+    import pytest
+    import torch
+    from omegaconf import OmegaConf
+
+    from conftest import compose_cfg
+    from lorabench import distributed
+    from lorabench.results import CellResult, Status, write_result
+
+    run_dir = tmp_path / "0"
+    run_dir.mkdir()
+    rank = {"mem/peak_reserved_gib": 138.8, "mem/device_total_gib": 139.8, "mem/num_alloc_retries": 2}
+    real_popen = subprocess.Popen
+
+    def child(cmd, env=None, **kw):  # the rank: an OOM record, exit code 1
+        if "lorabench.worker" not in cmd:  # (git's calls pass through)
+            return real_popen(cmd, env=env, **kw)
+        write_result(run_dir / "rank0.json", CellResult(Status.oom, "cell", error="CUDA out of memory", metrics=rank))
+        return real_popen(["false"])
+
+    monkeypatch.setattr(distributed.subprocess, "Popen", child)
+    result = CellResult(Status.running, "cell")
+    with pytest.raises(torch.OutOfMemoryError, match="rank 0 of 1: CUDA out of memory"):
+        distributed.launch(OmegaConf.to_object(compose_cfg([*COMMON, "batch=2"])), run_dir, result)
+    assert result.metrics == {"mem/peak_reserved_gib": 138.8, "mem/device_total_gib": 139.8}
+
+
 def test_an_unsloth_rank_imports_unsloth_before_what_it_patches(tmp_path):
     """Unsloth patches transformers, peft and trl as they are imported, and warns that it "may run slower" when
     transformers came first. lorabench.worker, the process of an Unsloth cell, imports unsloth before any of

@@ -102,6 +102,9 @@ def launch(c: Config, run_dir: Path, result: CellResult) -> dict:
         ranks.append(read_result(path) if path.exists() else CellResult(Status.failed, f"rank {r}", error="no result"))
     bad = [(r, x) for r, x in enumerate(ranks) if not x.ok]
     if bad:
+        # what the ranks measured before they failed: an OOM's peak and the device's size (the budget a
+        # search under gpu=auto learns from its first cell, an Unsloth one too)
+        result.metrics.update(memory(ranks))
         first = root_cause(bad, run_dir)
         msg = f"rank {first[0]} of {world}: {first[1].error}"
         if first[1].status is Status.oom:
@@ -140,6 +143,13 @@ def root_cause(bad: list[tuple[int, CellResult]], run_dir: Path) -> tuple[int, C
     return min(bad, key=key)
 
 
+def memory(ranks: list[CellResult]) -> dict:
+    """The largest of the ranks' peaks, device sizes and weights (GiB)."""
+    keys = ("mem/peak_allocated_gib", "mem/peak_reserved_gib", "mem/device_total_gib", "mem/weights_gib")
+    return {k: max(x.metrics[k] for x in ranks if k in x.metrics) for k in keys
+            if any(k in x.metrics for x in ranks)}
+
+
 def aggregate(ranks: list[CellResult], gpu: GpuConfig) -> dict:
     """One cell's metrics from its ranks' records (see the module's docstring)."""
     n = len(ranks)
@@ -163,10 +173,7 @@ def aggregate(ranks: list[CellResult], gpu: GpuConfig) -> dict:
         for k in ("mem/peak_allocated_gib", "mem/peak_reserved_gib", "mem/weights_gib"):
             if k in m:
                 out[k.replace("mem/", f"mem/rank{r}_")] = m[k]
-    for k in ("mem/peak_allocated_gib", "mem/peak_reserved_gib", "mem/device_total_gib", "mem/weights_gib"):
-        values = [x.metrics[k] for x in ranks if k in x.metrics]
-        if values:
-            out[k] = max(values)
+    out.update(memory(ranks))
     for k, v in ranks[0].metrics.items():  # rank 0's profile, NVML figures and matmul width, if any
         if k.startswith(("prof/", "gpu/", "count/warmup", "precision/")):
             out[k] = v

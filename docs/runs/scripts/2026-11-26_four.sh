@@ -17,7 +17,8 @@
 #   gpu 2  qwen3-8b: fast's search, Unsloth's, hf's
 #   gpu 3  gemma-2-9b: fast's search (fused_add_norm and varlen_attention off: Gemma-2's sandwich norms
 #          and soft-capped attention), hf's (Unsloth's loader needs Gemma's tokenizer, which no registry
-#          package ships: skipped by name)
+#          package ships: skipped by name); then (from c2) Mistral-7B at seq 512 on the whole GPU (gpu=auto):
+#          fast's search and Unsloth's
 # Searches: +experiment=tune gpu=a10 seq_len=1024 (22 GiB), 14 steps of which 4 untimed, at most 10
 # measured cells per backend, as in 2026-11-26_best.
 set -u
@@ -63,7 +64,12 @@ per_model() {  # per_model <gpu> <model> <backends...>
     sweep $gpu ${model}_$b $search backend=$b model=$model $extra || return 1
   done
 }
-gpu0 & per_model 1 qwen2.5-7b fast unsloth hf & per_model 2 qwen3-8b fast unsloth hf &
-per_model 3 gemma-2-9b fast hf & wait
+m7() {  # m7 <gpu> <gpu option> <seq>: Mistral-7B's fast and Unsloth searches (issue 35; from c3)
+  local s=${search/gpu=a10/gpu=$2}; for b in fast unsloth; do
+    sweep $1 mistral-7b_s$3_$2_$b ${s/seq_len=1024/seq_len=$3} backend=$b || return 1; done; }
+gpu0 & { per_model 1 qwen2.5-7b fast unsloth hf && m7 1 auto 1024; } &
+{ per_model 2 qwen3-8b fast unsloth hf && m7 2 a10 2048; } &
+{ per_model 3 gemma-2-9b fast hf && for b in fast unsloth; do  # then the whole GPU (issue 35), Mistral-7B, seq 512
+  s=${search/gpu=a10/gpu=auto}; sweep 3 mistral-7b_s512_auto_$b ${s/seq_len=1024/seq_len=512} backend=$b || break; done; } & wait
 echo "call $2: exit after $((SECONDS - t0)) s" | tee -a $R/log.txt
 (cd $R && tar czf $OUT/$2.tgz --exclude='*.pt' --exclude='*.safetensors' --exclude=checkpoint-* .)
