@@ -143,6 +143,28 @@ def test_unsloth_on_a_model_without_a_folder_tokenizer_is_skipped_by_name(monkey
         backends.check(c, torch.device("cuda", 0))
     c.model.path = "/models/checkpoint"
     backends.check(c, torch.device("cuda", 0))
+    # rows of random ids read no text: the loader gets a stand-in tokenizer (next test)
+    backends.check(OmegaConf.to_object(compose_cfg(["backend=unsloth", f"model={model}", "data=synthetic"])),
+                   torch.device("cuda", 0))
+
+
+@pytest.mark.parametrize("model", ["gemma-2-9b", "mistral-nemo-12b"])
+def test_a_stand_in_tokenizer_has_the_model_s_vocabulary_and_special_ids(tmp_path, model):
+    """What Unsloth's loader reads beside a random initialisation where the model's tokenizer is not offline
+    (data=synthetic): as many ids as the model's embedding rows, so nothing is added or resized, and bos, eos
+    and pad at the ids of its config (Mistral-Nemo's has no pad: eos's); refused without data=synthetic."""
+    from transformers import AutoTokenizer
+
+    from lorabench.models import hf_config
+
+    c = OmegaConf.to_object(compose_cfg([f"model={model}", "data=synthetic"]))
+    with pytest.raises(ValueError, match=f"model={model}: no tokenizer to save"):
+        modeling.save_fast_tokenizer(c.model, tmp_path)
+    modeling.save_fast_tokenizer(c.model, tmp_path, stand_in=True)
+    tok, hf = AutoTokenizer.from_pretrained(tmp_path), hf_config(c.model)
+    assert len(tok) == hf.vocab_size and (tok.bos_token_id, tok.eos_token_id) == (hf.bos_token_id, hf.eos_token_id)
+    assert tok.pad_token_id == (hf.eos_token_id if hf.pad_token_id is None else hf.pad_token_id)
+    assert tok.convert_ids_to_tokens(hf.vocab_size - 1) == f"<id_{hf.vocab_size - 1}>"
 
 
 def test_unsloth_cell_runs_in_a_process_of_its_own(tmp_path, monkeypatch):

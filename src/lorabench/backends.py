@@ -28,7 +28,7 @@ import torch
 
 from lorabench import fastpath, modeling
 from lorabench import offload as offloading
-from lorabench.config import QUANTISED, Backend, Config, Precision, TrainConfig
+from lorabench.config import QUANTISED, Backend, Config, DataKind, Precision, TrainConfig
 from lorabench.results import CellSkipped
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,8 @@ def check(c: Config, device: torch.device) -> None:
         if importlib.util.find_spec("unsloth") is None:
             raise CellSkipped("backend=unsloth: the unsloth package is not installed (pip install unsloth, "
                               "CUDA only); this cell is skipped, the others of the sweep run")
-        why = None if c.model.path else modeling.no_folder_tokenizer(c.model)
+        # data=synthetic reads no text: a model without a tokenizer offline gets a stand-in for the loader
+        why = None if c.model.path or c.data.kind is DataKind.synthetic else modeling.no_folder_tokenizer(c.model)
         if why is not None:  # before a random initialisation of many GB is drawn and saved for it
             raise CellSkipped(f"backend=unsloth: Unsloth's loader reads a tokenizer from the model's folder and "
                               f"model={c.model.name} has none to save there ({why}); give model.path, a checkpoint "
@@ -145,6 +146,10 @@ def saved_random_init(c: Config, device: torch.device) -> Path:
     model.save_pretrained(tmp)
     del model
     torch.cuda.empty_cache()
-    modeling.save_fast_tokenizer(c.model, tmp)
+    stand_in = c.data.kind is DataKind.synthetic and modeling.no_folder_tokenizer(c.model) is not None
+    if stand_in:
+        log.info("model=%s has no tokenizer offline: Unsloth's loader gets a stand-in with its vocabulary size and "
+                 "special ids (modeling.stand_in_tokenizer; data=synthetic encodes no text)", c.model.name)
+    modeling.save_fast_tokenizer(c.model, tmp, stand_in)
     tmp.replace(path)  # complete or absent: a killed save leaves only the .tmp dir
     return path

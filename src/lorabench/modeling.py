@@ -56,14 +56,18 @@ def tokenizer_file(model_cfg: ModelConfig) -> Path | None:
     return tokenizers.tokenizer_file(model_cfg, architecture_of(model_cfg))
 
 
-def save_fast_tokenizer(model_cfg: ModelConfig, directory: Path) -> None:
+def save_fast_tokenizer(model_cfg: ModelConfig, directory: Path, stand_in: bool = False) -> None:
     """The model's tokenizer as a `tokenizers` tokenizer.json in `directory`, for loaders that read a
     tokenizer from a model's folder with AutoTokenizer (Unsloth's). A SentencePiece model's vocabulary
-    and merges are extracted from its file, so it encodes text as build_tokenizer does."""
+    and merges are extracted from its file, so it encodes text as build_tokenizer does. A model with none
+    offline gets, with `stand_in` (data=synthetic: rows of random ids, no text to encode), stand_in_tokenizer."""
     from transformers import LlamaTokenizer
     from transformers.convert_slow_tokenizer import SentencePieceExtractor
 
     why = no_folder_tokenizer(model_cfg)
+    if why is not None and stand_in:
+        stand_in_tokenizer(model_cfg).save_pretrained(directory)
+        return
     if why is not None:
         raise ValueError(f"model={model_cfg.name}: no tokenizer to save for a loader that reads a folder ({why})")
     arch = architecture_of(model_cfg)
@@ -73,6 +77,24 @@ def save_fast_tokenizer(model_cfg: ModelConfig, directory: Path) -> None:
         return
     spm = SentencePieceExtractor(str(path)).extract(None)
     LlamaTokenizer(vocab=spm["vocab"], merges=spm["merges"]).save_pretrained(directory)
+
+
+def stand_in_tokenizer(model_cfg: ModelConfig):
+    """A tokenizer with the model's vocabulary size and special-token ids and no text in it: one word per id
+    ("<id_17>"), bos/eos/pad at the ids of the model's config (pad: eos's where the config has none, as the
+    usual `tokenizer.pad_token = tokenizer.eos_token`). A loader that needs a tokenizer beside the weights
+    (Unsloth's) then loads the model unchanged: nothing to add to the vocabulary, no embedding resized.
+    For rows of random ids only (data=synthetic): it encodes no text."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    hf = hf_config(model_cfg)
+    ids = {"bos_token": hf.bos_token_id, "eos_token": hf.eos_token_id}
+    ids["pad_token"] = hf.pad_token_id if hf.pad_token_id is not None else hf.eos_token_id
+    names = {i: f"<{k.removesuffix('_token')}>" for k, i in ids.items() if i is not None}
+    vocab = {names.get(i, f"<id_{i}>"): i for i in range(hf.vocab_size)}
+    words = Tokenizer(models.WordLevel(vocab, unk_token=names.get(0, "<id_0>")))
+    return PreTrainedTokenizerFast(tokenizer_object=words, **{k: names[i] for k, i in ids.items() if i is not None})
 
 
 def no_folder_tokenizer(model_cfg: ModelConfig) -> str | None:
