@@ -44,6 +44,55 @@ class Gpu:
                    key=lambda lb: self.tok(*lb))
 
 
+def test_a_device_size_read_before_the_first_cell_starts_the_search_where_the_estimate_fits():
+    """gpu=auto: without the device's size the first cell is the largest batch (an OOM on an 80 GB card); with
+    it read up front (NVML, Space.budget_read) the first cell is one the estimate fits, and the figure the
+    first cell reports (what torch sees, a little less than NVML's) then replaces the one read."""
+    gpu = Gpu(budget=79.2)
+    Ls = layouts(gpu.per_sample)
+
+    def measure(L, b):
+        return Measured(**{**vars(gpu.measure(L, b)), "device_gib": 79.2})
+
+    blind = search(Space(Ls, BATCHES, None, fixed_gib=5.0, max_cells=12), measure)
+    assert gpu.calls[0][1:] == (BATCHES[-1], "oom") and blind.budget_gib == 79.2
+    gpu.calls.clear()
+    read = search(Space(Ls, BATCHES, 80.0, fixed_gib=5.0, max_cells=12, budget_read=True), measure)
+    assert gpu.calls[0][2] == "ok" and gpu.calls[0][1] < BATCHES[-1] and read.budget_gib == 79.2
+    assert (read.best.layout, read.best.batch) == (blind.best.layout, blind.best.batch)
+
+
+def test_visible_gpu_gib_reads_the_first_visible_gpu_through_nvml(monkeypatch):
+    """The first GPU CUDA_VISIBLE_DEVICES names, by index or UUID (GPU 0 without it), in GiB; None where NVML
+    has no such GPU or is missing."""
+    import sys
+    import types
+
+    from lorabench import devices
+
+    class NVMLError(Exception):
+        pass
+
+    sizes = {1: 80 * 2**30, "GPU-abc": 141 * 2**30, 0: 24 * 2**30}
+
+    def handle(key):
+        if key not in sizes:
+            raise NVMLError(key)
+        return key
+
+    nvml = types.SimpleNamespace(NVMLError=NVMLError, nvmlInit=lambda: None, nvmlShutdown=lambda: None,
+                                 nvmlDeviceGetHandleByIndex=handle, nvmlDeviceGetHandleByUUID=handle,
+                                 nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(total=sizes[h]))
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert devices.visible_gpu_gib() == 24
+    for visible, gib in (("1,0", 80), ("GPU-abc", 141), ("3", None), ("", None)):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+        assert devices.visible_gpu_gib() == gib, visible
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # not installed: the import fails
+    assert devices.visible_gpu_gib() is None
+
+
 def check_invariants(gpu, out, max_cells):
     """At most max_cells measured; no measured cell was implied OOM by an earlier one; every measured
     cell is listed with its status; every skipped one says why."""

@@ -34,6 +34,28 @@ def device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
+def visible_gpu_gib() -> float | None:
+    """The total memory (GiB) of the first GPU CUDA_VISIBLE_DEVICES names (index or UUID; GPU 0 without
+    it), read through NVML, so without a CUDA context in this process; None without NVML or a GPU. NVML
+    counts GPUs in PCI order, CUDA fastest first unless CUDA_DEVICE_ORDER=PCI_BUS_ID: the same GPU on a
+    node of one kind; a first cell's own figure replaces this one (lorabench.search)."""
+    try:
+        import pynvml  # from nvidia-ml-py
+
+        pynvml.nvmlInit()
+    except Exception:  # no package, no driver: NVMLError or ImportError
+        return None
+    try:
+        first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
+        handle = pynvml.nvmlDeviceGetHandleByUUID(first) if first.startswith(("GPU-", "MIG-")) \
+            else pynvml.nvmlDeviceGetHandleByIndex(int(first))
+        return pynvml.nvmlDeviceGetMemoryInfo(handle).total / 2**30
+    except (pynvml.NVMLError, ValueError):  # no such GPU, or CUDA_VISIBLE_DEVICES empty or hiding them all
+        return None
+    finally:
+        pynvml.nvmlShutdown()
+
+
 def resolve_gpu(gpu: GpuConfig, device_name: str) -> GpuConfig:
     """gpu=auto: the conf/gpu option whose `match` fits this device name, with any field set on the
     command line (e.g. gpu.price_per_hour=2.49) on top. A device not in the table keeps its own name

@@ -121,6 +121,7 @@ class Space:
     fixed_gib: float  # the estimate's memory that does not grow with batch
     max_cells: int = 12
     plateau: float = 0.03
+    budget_read: bool = False  # budget_gib is the device's size read before any cell (NVML): a cell's own replaces it
 
 
 @dataclass
@@ -224,7 +225,7 @@ class Search:
         t = Trial(L.label, b, m.status, m.tok_s, m.peak_gib, m.job if m.job is not None else -1, m.error or "",
                   m.tok_s_p50)
         self.out.trials.append(t)
-        if self.budget is None and m.device_gib:
+        if m.device_gib and (self.budget is None or self.s.budget_read):  # gpu=auto: what torch sees, once known
             self.budget = self.out.budget_gib = m.device_gib
         # A cell skipped (the backend is not installed) says the same of every other; two failures in a
         # row (CUDA missing, a bad value) most likely too; an interrupted one means stop (SIGTERM).
@@ -483,13 +484,16 @@ def layouts(c) -> list[Layout]:
     return sorted(out, key=lambda L: (sum(L.saves), L.saves[0]))
 
 
-def space_for(c) -> Space:
-    """c's search space; the budget is the memory of the gpu option (emulated on a larger GPU), unknown
-    (None) under gpu=auto until the first cell reports its device's."""
-    budget = c.gpu.memory_gib if c.gpu.name != "auto" else None
+def space_for(c, device_gib: float | None = None) -> Space:
+    """c's search space; the budget is the memory of the gpu option (emulated on a larger GPU); under gpu=auto
+    `device_gib`, the device's size read before any cell (the first cell then starts where the estimate fits,
+    not at the largest batch: one OOM cell less, a minute for an Unsloth cell), else unknown (None) until the
+    first cell reports its device's."""
+    auto = c.gpu.name == "auto"
+    budget = device_gib if auto else c.gpu.memory_gib
     reserve = 2 if c.search.allow_dropout_zero and c.lora.dropout > 0 else 0
     return Space(layouts(c), sorted(set(c.search.batches)), budget, fixed_gib(c),
-                 max(1, c.search.max_cells - reserve), c.search.plateau)
+                 max(1, c.search.max_cells - reserve), c.search.plateau, budget_read=auto and budget is not None)
 
 
 # ---------------------------------------------------------------------------- search.json
@@ -602,8 +606,12 @@ class BudgetSearch(Sweeper):
         0.25: 15,291 tok/s")."""
         from lorabench.results import cell_name
 
+        from lorabench.devices import visible_gpu_gib
+
         c = self.compose(cell)
-        space = space_for(c)
+        # gpu=auto with cells run in this process's node (Hydra's basic launcher): the device's size up front
+        here = type(self.launcher).__name__ == "BasicLauncher" and c.gpu.name == "auto" and c.train.device.value != "cpu"
+        space = space_for(c, visible_gpu_gib() if here else None)
         name = cell_name(cell, outer) if len(outer) > 1 else "search"
         log = lambda s: print(f"[{name}] {s}", file=sys.stderr, flush=True)  # noqa: E731
         counter = iter(range(1, 10**6))
