@@ -757,7 +757,7 @@ def four_section() -> str:
         f"Unsloth's whole-GPU search at seq 1024 spent its time on {len(walked)} out-of-memory cells "
         f"({', '.join(walked)}) before the limit: its cells run in a "
         "process of their own, whose OOM record carried no memory figures, so the search did not learn the GPU's "
-        "size from the first one (fixed after this run: the launcher keeps the rank's peak and the device's size).", "",
+        "size from the first one (fixed after this run: the launcher keeps the rank's peak and the device's size, and under gpu=auto the search reads the device's size before its first cell).", "",
         "nf4_kernels' change (QLoRA's double-quantised block scales undone inside its kernel instead of by "
         "bitsandbytes' two calls) measured at fast's best Llama-3.1-8B layout (b8, 0.25 recomputed, 0.25 offloaded), "
         f"old and new in turn on GPU 0 ({steps['max_steps']} steps, {steps['untimed_steps']} untimed):", "",
