@@ -575,7 +575,8 @@ class BackendConfig:
         if self.ce_chunk_mem < 1:
             raise ValueError(f"backend.ce_chunk_mem must be >= 1 (Liger's chunk_mem_const), got {self.ce_chunk_mem}")
         if self.gc_every < 0:
-            raise ValueError(f"backend.gc_every must be >= 0 (0: Python's own collector schedule), got {self.gc_every}")
+            raise ValueError(f"backend.gc_every must be >= 0 (0: Python's own collector schedule), "
+                             f"got {self.gc_every}")
         unknown = sorted(set(self.liger) - set(LIGER_OPS))
         if unknown:
             raise ValueError(f"backend.liger={self.liger}: {unknown} is not a Liger op lorabench applies; "

@@ -610,7 +610,8 @@ class BudgetSearch(Sweeper):
 
         c = self.compose(cell)
         # gpu=auto with cells run in this process's node (Hydra's basic launcher): the device's size up front
-        here = type(self.launcher).__name__ == "BasicLauncher" and c.gpu.name == "auto" and c.train.device.value != "cpu"
+        here = type(self.launcher).__name__ == "BasicLauncher" and c.gpu.name == "auto" \
+            and c.train.device.value != "cpu"
         space = space_for(c, visible_gpu_gib() if here else None)
         name = cell_name(cell, outer) if len(outer) > 1 else "search"
         log = lambda s: print(f"[{name}] {s}", file=sys.stderr, flush=True)  # noqa: E731

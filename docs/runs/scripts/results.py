@@ -636,7 +636,8 @@ def four_best(sweep: str, backend: str) -> dict | None:
         return None
     cells = [r for r in load_cells(RUNS / FOUR / sweep) if r.ok]
     m = min(cells, key=lambda r: abs(r.metrics["perf/tokens_per_s"] - b["tok"])).metrics
-    return {**b, "mhz": m.get("gpu/sm_clock_mean_mhz"), "w": m.get("gpu/power_mean_w"), "util": m.get("gpu/util_mean_pct")}
+    return {**b, "mhz": m.get("gpu/sm_clock_mean_mhz"), "w": m.get("gpu/power_mean_w"),
+            "util": m.get("gpu/util_mean_pct")}
 
 
 def _x(a: dict | None, b: dict | None) -> str:
@@ -757,7 +758,8 @@ def four_section() -> str:
         f"Unsloth's whole-GPU search at seq 1024 spent its time on {len(walked)} out-of-memory cells "
         f"({', '.join(walked)}) before the limit: its cells run in a "
         "process of their own, whose OOM record carried no memory figures, so the search did not learn the GPU's "
-        "size from the first one (fixed after this run: the launcher keeps the rank's peak and the device's size, and under gpu=auto the search reads the device's size before its first cell).", "",
+        "size from the first one (fixed after this run: the launcher keeps the rank's peak and the device's size, "
+        "and under gpu=auto the search reads the device's size before its first cell).", "",
         "nf4_kernels' change (QLoRA's double-quantised block scales undone inside its kernel instead of by "
         "bitsandbytes' two calls) measured at fast's best Llama-3.1-8B layout (b8, 0.25 recomputed, 0.25 offloaded), "
         f"old and new in turn on GPU 0 ({steps['max_steps']} steps, {steps['untimed_steps']} untimed):", "",
@@ -765,7 +767,8 @@ def four_section() -> str:
         "No gain resolved at this layout: the two versions' runs overlap (a slow stretch in one run of the new one). "
         f"The GPU tests ran first: the kernel's output equals bitsandbytes' bit for bit with and without double "
         f"quantisation (gpu_tests.txt: {passed} tests passed, none failed, before the script's time limit for the "
-        f"tests cut the run in its last selected test, Mixtral's exactness). Python's garbage collector took {min(g for g, _ in gc):.1f}-"
+        f"tests cut the run in its last selected test, Mixtral's exactness). Python's garbage collector took "
+        f"{min(g for g, _ in gc):.1f}-"
         f"{max(g for g, _ in gc):.1f} ms of each timed step, with {sum(f for _, f in gc)} full collections in "
         f"{len(gc)} steps: not what slows a step here, so backend.gc_every stays off in fast. Board power was at its "
         f"cap in {100 * min(capped):.0f}% or more of each of these cells' NVML samples.", "",
@@ -842,7 +845,8 @@ def glance() -> str:
             f"{m} {_x(fb[m]['fast'], fb[m]['unsloth'])}" for m in FOUR_MODELS if fb[m].get("unsloth"))
         + "; over hf's best: " + ", ".join(f"{m} {_x(fb[m]['fast'], fb[m]['hf'])}" for m in FOUR_MODELS
                                              if fb[m].get("hf"))
-        + " (Gemma-2's Unsloth cells were skipped: no Gemma tokenizer offline for its loader; a stand-in for synthetic rows came after this run, not measured yet). Mistral-7B on the whole "
+        + " (Gemma-2's Unsloth cells were skipped: no Gemma tokenizer offline for its loader; a stand-in for "
+        "synthetic rows came after this run, not measured yet). Mistral-7B on the whole "
         "GPU at seq 512: fast " + _x(fb["mistral-7b s512 auto"]["fast"], fb["mistral-7b s512 auto"]["unsloth"])
         + f" Unsloth's best at {fb['mistral-7b s512 auto']['fast']['mfu']:.1f}% MFU, the GPU at its power limit.",
         f"- Before, seq 1024 within 22 GiB: fast's searched best over Unsloth's, Llama-3.1-8B "
