@@ -850,7 +850,8 @@ def glance() -> str:
     fb = four_bests()
     return "\n".join([
         f"- Newest, seq 1024 within 22 GiB, each backend searched on one GPU of a 4 x {four_gpu(0)['name']} machine "
-        "(one model per GPU), fast's best over Unsloth's best over the window (in brackets: each one's fastest cell at the median step): " + ", ".join(
+        "(one model per GPU), fast's best over Unsloth's best over the window (in brackets: each one's fastest cell "
+        "at the median step): " + ", ".join(
             f"{m} {_x(fb[m]['fast'], fb[m]['unsloth'])}" for m in FOUR_MODELS if fb[m].get("unsloth"))
         + "; over hf's best: " + ", ".join(f"{m} {_x(fb[m]['fast'], fb[m]['hf'])}" for m in FOUR_MODELS
                                              if fb[m].get("hf"))
