@@ -152,7 +152,8 @@ def test_unsloth_on_a_model_without_a_folder_tokenizer_is_skipped_by_name(monkey
 def test_a_stand_in_tokenizer_has_the_model_s_vocabulary_and_special_ids(tmp_path, model):
     """What Unsloth's loader reads beside a random initialisation where the model's tokenizer is not offline
     (data=synthetic): as many ids as the model's embedding rows, so nothing is added or resized, and bos, eos
-    and pad at the ids of its config (Mistral-Nemo's has no pad: eos's); refused without data=synthetic."""
+    and pad at the ids of its config (Mistral-Nemo's names no pad: "<pad>" at the last id, not eos's, which
+    Unsloth would repair with a new token); refused without stand_in."""
     from transformers import AutoTokenizer
 
     from lorabench.models import hf_config
@@ -163,8 +164,9 @@ def test_a_stand_in_tokenizer_has_the_model_s_vocabulary_and_special_ids(tmp_pat
     modeling.save_fast_tokenizer(c.model, tmp_path, stand_in=True)
     tok, hf = AutoTokenizer.from_pretrained(tmp_path), hf_config(c.model)
     assert len(tok) == hf.vocab_size and (tok.bos_token_id, tok.eos_token_id) == (hf.bos_token_id, hf.eos_token_id)
-    assert tok.pad_token_id == (hf.eos_token_id if hf.pad_token_id is None else hf.pad_token_id)
-    assert tok.convert_ids_to_tokens(hf.vocab_size - 1) == f"<id_{hf.vocab_size - 1}>"
+    assert tok.pad_token == "<pad>" and tok.pad_token_id != tok.eos_token_id
+    assert tok.pad_token_id == (hf.vocab_size - 1 if hf.pad_token_id is None else hf.pad_token_id)
+    assert tok.convert_ids_to_tokens(5) == "<id_5>"
 
 
 def test_unsloth_cell_runs_in_a_process_of_its_own(tmp_path, monkeypatch):

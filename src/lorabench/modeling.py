@@ -81,16 +81,18 @@ def save_fast_tokenizer(model_cfg: ModelConfig, directory: Path, stand_in: bool 
 
 def stand_in_tokenizer(model_cfg: ModelConfig):
     """A tokenizer with the model's vocabulary size and special-token ids and no text in it: one word per id
-    ("<id_17>"), bos/eos/pad at the ids of the model's config (pad: eos's where the config has none, as the
-    usual `tokenizer.pad_token = tokenizer.eos_token`). A loader that needs a tokenizer beside the weights
-    (Unsloth's) then loads the model unchanged: nothing to add to the vocabulary, no embedding resized.
-    For rows of random ids only (data=synthetic): it encodes no text."""
+    ("<id_17>"), bos/eos/pad at the ids of the model's config; where the config names no pad, "<pad>" is its
+    last id, distinct from eos, as real tokenizers ship one (Mistral-Nemo's Tekken has "<pad>"): a pad equal
+    to eos is what Unsloth's loader repairs (unsloth_zoo.pad_token.fix_pad_token), by adding a token where
+    none fits, which resizes the embeddings. So a loader that needs a tokenizer beside the weights loads the
+    model unchanged: nothing added to the vocabulary, no embedding resized. For rows of random ids only
+    (data=synthetic): it encodes no text."""
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast
 
     hf = hf_config(model_cfg)
     ids = {"bos_token": hf.bos_token_id, "eos_token": hf.eos_token_id}
-    ids["pad_token"] = hf.pad_token_id if hf.pad_token_id is not None else hf.eos_token_id
+    ids["pad_token"] = hf.pad_token_id if hf.pad_token_id is not None else hf.vocab_size - 1
     names = {i: f"<{k.removesuffix('_token')}>" for k, i in ids.items() if i is not None}
     vocab = {names.get(i, f"<id_{i}>"): i for i in range(hf.vocab_size)}
     words = Tokenizer(models.WordLevel(vocab, unk_token=names.get(0, "<id_0>")))
