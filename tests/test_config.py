@@ -39,10 +39,11 @@ def test_every_option_composes_into_schema(group, option):
 def test_every_experiment_composes(name):
     obj = OmegaConf.to_object(compose_cfg([f"+experiment={name}"]))
     # every experiment is the seed's recipe; fsdp_scaling on the 70B model it is for, with an optimizer that
-    # updates FSDP's sharded adapters (bitsandbytes' do not: lorabench.checks); fms_a100_check with the
-    # published A100 run's optimizer
+    # updates FSDP's sharded adapters (bitsandbytes' do not: lorabench.checks); fms_a100_check and trl_l4_check
+    # with the published runs' models and optimizers
     model, optimizer = {"fsdp_scaling": ("llama-3.3-70b", "adamw_torch_fused"),
-                        "fms_a100_check": ("mistral-7b-v0.3", "adamw_torch")}.get(
+                        "fms_a100_check": ("mistral-7b-v0.3", "adamw_torch"),
+                        "trl_l4_check": ("llama-3.1-8b", "adamw_torch_fused")}.get(
         name, ("mistral-7b-v0.3", "paged_adamw_8bit"))
     assert obj.model.name == model and obj.precision.name is Precision.nf4
     assert obj.optimizer.name.value == optimizer and obj.train.gradient_checkpointing
