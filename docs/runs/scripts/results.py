@@ -749,7 +749,8 @@ def four_section() -> str:
         "checkpoint it runs). hf's Llama-3.1-8B best ""is not in this run (the previous sections have it).", "",
         "The same layout, Llama-3.1-8B at batch 4 with nothing recomputed, from the two searches on GPU 0:", "",
         same_layout_table(list(l_same.values())), "",
-        "The first cell of each search is this layout. On GPUs 1 and 2 fast's search opened the list, while the other "
+        "fast's searches of these three models open with this layout. On GPUs 1 and 2 fast's search opened the list, "
+        "while the other "
         "GPUs' lists were starting (model loads and random initialisations on the shared host): there its b4 cell kept "
         "the GPU busy " + " and ".join(f"{first[m]:.0f}% ({m})" for m in ("qwen2.5-7b", "qwen3-8b")) + " of the time, "
         f"against {first['llama-3.1-8b']:.0f}% for Llama-3's on GPU 0, which started later: fast's lead is the most "
@@ -780,7 +781,8 @@ def four_section() -> str:
         f"{min(g for g, _ in gc):.1f}-"
         f"{max(g for g, _ in gc):.1f} ms of each timed step, with {sum(f for _, f in gc)} full collections in "
         f"{len(gc)} steps: not what slows a step here, so backend.gc_every stays off in fast. Board power was at its "
-        f"cap in {100 * min(capped):.0f}% or more of each of these cells' NVML samples.", "",
+        "cap in " + (f"{100 * min(capped):.0f}%" if min(capped) == max(capped) else
+                     f"{100 * min(capped):.0f}-{100 * max(capped):.0f}%") + " of each of these cells' NVML samples.", "",
         "Every cell each search tried:", "",
         every, "",
         f"Run dir: [runs/{FOUR}](runs/{FOUR}) (`bash docs/runs/scripts/2026-11-26_four.sh 669aa8c c1|c2|c3`: every "
