@@ -146,10 +146,8 @@ def saved_random_init(c: Config, device: torch.device) -> Path:
     model.save_pretrained(tmp)
     del model
     torch.cuda.empty_cache()
-    stand_in = c.data.kind is DataKind.synthetic and modeling.no_folder_tokenizer(c.model) is not None
-    if stand_in:
+    if modeling.save_fast_tokenizer(c.model, tmp, stand_in=c.data.kind is DataKind.synthetic):
         log.info("model=%s has no tokenizer offline: Unsloth's loader gets a stand-in with its vocabulary size and "
                  "special ids (modeling.stand_in_tokenizer; data=synthetic encodes no text)", c.model.name)
-    modeling.save_fast_tokenizer(c.model, tmp, stand_in)
     tmp.replace(path)  # complete or absent: a killed save leaves only the .tmp dir
     return path

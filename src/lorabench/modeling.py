@@ -56,27 +56,29 @@ def tokenizer_file(model_cfg: ModelConfig) -> Path | None:
     return tokenizers.tokenizer_file(model_cfg, architecture_of(model_cfg))
 
 
-def save_fast_tokenizer(model_cfg: ModelConfig, directory: Path, stand_in: bool = False) -> None:
+def save_fast_tokenizer(model_cfg: ModelConfig, directory: Path, stand_in: bool = False) -> bool:
     """The model's tokenizer as a `tokenizers` tokenizer.json in `directory`, for loaders that read a
     tokenizer from a model's folder with AutoTokenizer (Unsloth's). A SentencePiece model's vocabulary
     and merges are extracted from its file, so it encodes text as build_tokenizer does. A model with none
-    offline gets, with `stand_in` (data=synthetic: rows of random ids, no text to encode), stand_in_tokenizer."""
+    offline gets, with `stand_in` (data=synthetic: rows of random ids, no text to encode), stand_in_tokenizer.
+    Returns whether it did."""
     from transformers import LlamaTokenizer
     from transformers.convert_slow_tokenizer import SentencePieceExtractor
 
     why = no_folder_tokenizer(model_cfg)
     if why is not None and stand_in:
         stand_in_tokenizer(model_cfg).save_pretrained(directory)
-        return
+        return True
     if why is not None:
         raise ValueError(f"model={model_cfg.name}: no tokenizer to save for a loader that reads a folder ({why})")
     arch = architecture_of(model_cfg)
     path = tokenizers.tokenizer_file(model_cfg, arch)
     if tokenizers.tokenizer_name(model_cfg, arch) in tokenizers.BPE:
         build_tokenizer(model_cfg).save_pretrained(directory)
-        return
+        return False
     spm = SentencePieceExtractor(str(path)).extract(None)
     LlamaTokenizer(vocab=spm["vocab"], merges=spm["merges"]).save_pretrained(directory)
+    return False
 
 
 def stand_in_tokenizer(model_cfg: ModelConfig):

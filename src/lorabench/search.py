@@ -604,9 +604,8 @@ class BudgetSearch(Sweeper):
     def search_one(self, cell: list[str], outer: list[list[str]], sweep_dir: Path) -> SearchRecord:
         """One outer cell's search, printing a line per cell ("[backend=fast 5/12] b24 ckpt 0.5 offload
         0.25: 15,291 tok/s")."""
-        from lorabench.results import cell_name
-
         from lorabench.devices import visible_gpu_gib
+        from lorabench.results import cell_name
 
         c = self.compose(cell)
         # gpu=auto with cells run in this process's node (Hydra's basic launcher): the device's size up front
