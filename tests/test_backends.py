@@ -191,7 +191,7 @@ def test_saved_random_init_loads_as_the_same_model_and_tokenizer(tmp_path, monke
     cpu = torch.device("cpu")
     torch.manual_seed(7)
     path = backends.saved_random_init(c, cpu)
-    assert path.parent == tmp_path / "random_init" and not list(tmp_path.glob("random_init/*.tmp"))
+    assert path.parent == tmp_path / "random_init" and not list(tmp_path.glob("random_init/*.tmp*"))
     loaded = AutoModelForCausalLM.from_pretrained(path).state_dict()
     torch.manual_seed(7)
     fresh = modeling.random_init(c.model, cpu, torch.bfloat16).state_dict()
@@ -204,6 +204,24 @@ def test_saved_random_init_loads_as_the_same_model_and_tokenizer(tmp_path, monke
     assert backends.saved_random_init(c, cpu) == path and (path / "model.safetensors").stat().st_mtime_ns == stamp
     other = OmegaConf.to_object(compose_cfg(["train.seed=8"]))
     assert backends.saved_random_init(other, cpu) != path  # another seed, other weights: another dir
+
+
+def test_a_random_init_saved_by_another_process_meanwhile_is_kept(tmp_path, monkeypatch):
+    """Each GPU's list may start an Unsloth cell of the same model at once: each saves into a directory of
+    its own, and the one that finds the initialisation saved when it is done keeps that and drops its own."""
+    monkeypatch.setenv("LORABENCH_CACHE", str(tmp_path))
+    c = OmegaConf.to_object(compose_cfg([]))
+    saving = modeling.save_fast_tokenizer
+
+    def other_process_done_first(model, tmp, stand_in):
+        done = tmp.with_name(tmp.name.split(".tmp")[0])
+        done.mkdir()
+        (done / "config.json").write_text("{}")
+        return saving(model, tmp, stand_in)
+    monkeypatch.setattr(modeling, "save_fast_tokenizer", other_process_done_first)
+    path = backends.saved_random_init(c, torch.device("cpu"))
+    assert (path / "config.json").read_text() == "{}" and not (path / "model.safetensors").exists()
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # this process's own save removed
 
 
 @pytest.mark.gpu

@@ -48,6 +48,24 @@ def test_collator_gives_each_packed_sample_and_the_padding_a_segment():
     assert "cu_seq_lens_q" not in data.PackedCollator(pad_id=0, width=9)(rows)
 
 
+def test_unsloth_s_packed_batches_name_each_sample_s_length():
+    """Unsloth reads a packed row's sample boundaries from position_ids only for a batch of one row; at
+    batch > 1 it attends across samples unless told their lengths, under its key packed_seq_lengths."""
+    c = OmegaConf.to_object(compose_cfg(["backend=unsloth", "data.packing=true", "seq_len=9"]))
+    rows = data.pack([{"input_ids": [1] * n, "labels": [1] * n} for n in (5, 3, 2, 6)], seq_len=9)
+    batch = data.PackedCollator(0, 9, lengths=True)(rows)
+    # Rows [6, 3] and [5, 2 | 2 pad], laid end to end: the padding is a segment of its own.
+    assert batch["packed_seq_lengths"].tolist() == [6, 3, 5, 2, 2]
+    assert int(batch["packed_seq_lengths"].sum()) == batch["input_ids"].numel()
+    assert "packed_seq_lengths" not in data.PackedCollator(0, 9)(rows)
+
+    class Tok:
+        pad_token_id = 0
+    assert data.build_collator(c, Tok()).lengths
+    c.backend.name = type(c.backend.name)("fast")
+    assert not data.build_collator(c, Tok()).lengths
+
+
 @pytest.mark.parametrize("window", [None, 3])
 def test_varlen_attention_equals_sdpa_with_the_packed_mask(varlen_on_cpu, window):
     """A tiny Mistral on packed rows (fp32): logits equal to SDPA's with the block-diagonal mask

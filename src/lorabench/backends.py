@@ -140,7 +140,8 @@ def saved_random_init(c: Config, device: torch.device) -> Path:
         log.info("random initialisation from the cache: %s", path)
         return path
     log.info("saving the random initialisation (bf16) to %s for Unsloth's loader", path)
-    tmp = path.with_name(path.name + ".tmp")
+    # A directory of this process's own: cells of other processes (one per GPU) may save the same model at once.
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     model = modeling.random_init(c.model, device, torch.bfloat16)
     model.save_pretrained(tmp)
@@ -149,5 +150,10 @@ def saved_random_init(c: Config, device: torch.device) -> Path:
     if modeling.save_fast_tokenizer(c.model, tmp, stand_in=c.data.kind is DataKind.synthetic):
         log.info("model=%s has no tokenizer offline: Unsloth's loader gets a stand-in with its vocabulary size and "
                  "special ids (modeling.stand_in_tokenizer; data=synthetic encodes no text)", c.model.name)
-    tmp.replace(path)  # complete or absent: a killed save leaves only the .tmp dir
+    try:
+        tmp.replace(path)  # complete or absent: a killed save leaves only the .tmp dir
+    except OSError:
+        if not (path / "config.json").is_file():
+            raise
+        shutil.rmtree(tmp)  # another process saved the same initialisation first (same seed: same weights)
     return path

@@ -29,7 +29,7 @@ from transformers import DataCollatorForSeq2Seq
 
 from lorabench import packed_attention
 from lorabench.checks import packs  # (re-exported: data.packs is what the loop and the fast path ask)
-from lorabench.config import Config, DataKind, Overlong, Padding
+from lorabench.config import Backend, Config, DataKind, Overlong, Padding
 from lorabench.models import architecture_of, tokenizers
 
 log = logging.getLogger(__name__)
@@ -347,10 +347,12 @@ class PackedCollator:
     segment that no real token attends to; no attention_mask is passed (transformers then builds
     the block-diagonal causal mask from position_ids), and `real_tokens` tells the meter which
     positions are real. With `segments`, the batch also says where each segment starts, for
-    attention without a mask (lorabench.packed_attention)."""
+    attention without a mask (lorabench.packed_attention). With `lengths`, it also gives each segment's
+    length as `packed_seq_lengths`, the key Unsloth's attention reads them from: Unsloth infers them from
+    position_ids only for a batch of one row, and without them attends across the samples of a row."""
 
-    def __init__(self, pad_id: int, width: int | None, segments: bool = False):
-        self.pad_id, self.width, self.segments = pad_id, width, segments
+    def __init__(self, pad_id: int, width: int | None, segments: bool = False, lengths: bool = False):
+        self.pad_id, self.width, self.segments, self.lengths = pad_id, width, segments, lengths
 
     def __call__(self, rows: list[dict]) -> dict:
         width = self.width or max(len(r["input_ids"]) for r in rows)
@@ -365,6 +367,8 @@ class PackedCollator:
             out[REAL_TOKENS][b, :n] = 1
         if self.segments:
             out.update(packed_attention.segments(out["position_ids"]))
+        if self.lengths:
+            out["packed_seq_lengths"] = packed_attention.segments(out["position_ids"])["cu_seq_lens_q"].diff()
         return out
 
 
@@ -427,6 +431,7 @@ def build_collator(cfg: Config, tokenizer):
         return synthetic_collator
     width = cfg.seq_len if cfg.data.padding is Padding.max_length else None
     if packs(cfg):
-        return PackedCollator(tokenizer.pad_token_id, width, segments=cfg.backend.varlen_attention)
+        return PackedCollator(tokenizer.pad_token_id, width, segments=cfg.backend.varlen_attention,
+                              lengths=cfg.backend.name is Backend.unsloth)
     return DataCollatorForSeq2Seq(tokenizer, padding=cfg.data.padding.value, max_length=width,
                                   label_pad_token_id=IGNORE, return_tensors="pt")
