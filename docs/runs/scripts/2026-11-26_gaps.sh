@@ -2,8 +2,10 @@
 # What issues 34, 35 and 39 still missed after 2026-11-26_four, one list per GPU of one 4-GPU machine of
 # the device tool, in consecutive calls on the same warm machine:
 #   bash docs/runs/scripts/2026-11-26_gaps.sh <commit> <call>      (call: c1, c2, ... in order)
-# carrying .whl/, .whl_unsloth/ (as 2026-11-26_best.sh) and .gpudata/ (the ShareGPT sample of
-# 2026-11-23_equal_work.sh, xz-compressed). Each list runs its steps in order; every call runs each list
+# with .whl/, .whl_unsloth/ (as 2026-11-26_best.sh) and .gpudata/ (the ShareGPT sample of
+# 2026-11-23_equal_work.sh, xz-compressed) installed on the machine first; the working tree and all three
+# are over the tool's 64 MiB together, so a call c0 carries .whl/ alone and installs it
+# (`source docs/runs/scripts/device_setup.sh <commit> c0`), c1 carries the other two. Each list runs its steps in order; every call runs each list
 # from the top, passing over a step that finished (its dir holds `done`) and resuming a sweep that the time
 # left stopped (sweep.deadline_s, exit 4). Dirs in /tmp/runs (kept by the warm machine); each call packs
 # what changed in it into $OUT/<call>.tgz. Every ratio is between cells of one GPU in one list.

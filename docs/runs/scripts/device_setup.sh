@@ -2,12 +2,14 @@
 # (2026-11-24_fused.sh, 2026-11-24_offload.sh): the carried wheels installed, the ShareGPT sample
 # unpacked, the GPU's clocks recorded, the environment set; `run` is one train.py command with its
 # table lines shown, stopped before the device's 10-minute limit (LIMIT_S), `sg` ShareGPT in 22 GiB.
-# (once per set of wheels: a warm machine keeps /tmp/site between calls)
-wheels=$(ls .whl/*.whl .whl_unsloth/*.whl 2>/dev/null | xargs -n1 basename | sort | md5sum)
-if [ "$(cat /tmp/site/.wheels 2>/dev/null)" != "$wheels" ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
-    $(ls .whl_unsloth/*.whl 2>/dev/null) || exit 1
-  echo "$wheels" > /tmp/site/.wheels
+# Each carried wheel installed once (a warm machine keeps /tmp/site between calls): a call may carry only
+# some of the wheel dirs, as the device tool's 64 MiB for the working tree and what it carries allows.
+mkdir -p /tmp/site; touch /tmp/site/.wheels
+new=$(for w in .whl/*.whl .whl_unsloth/*.whl; do [ -f "$w" ] && ! grep -qxF "$(basename $w)" /tmp/site/.wheels \
+  && echo $w; done)
+if [ -n "$new" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site $new || exit 1
+  for w in $new; do basename $w; done >> /tmp/site/.wheels
 fi
 [ -f .gpudata/sharegpt_2000.jsonl.xz ] && python3 -c "import lzma, shutil; shutil.copyfileobj(
   lzma.open('.gpudata/sharegpt_2000.jsonl.xz'), open('/tmp/sharegpt_2000.jsonl', 'wb'))"
