@@ -187,9 +187,23 @@ def test_dropping_every_sample_is_an_error(tmp_path, tok):
         data.build_dataset(cell(tmp_path, data="jsonl", seq_len=8, **{"data.path": path, "data.overlong": "drop"}), tok)
 
 
+def test_a_sample_left_with_no_label_to_train_is_dropped_and_counted(tmp_path, tok):
+    """A user turn longer than seq_len leaves its conversation no assistant token: at batch 1 its row's mean
+    loss would be 0 / 0 (NaN, as a packed ShareGPT search at b1 met on the GPU)."""
+    long_question = [{"role": "user", "content": "why " * 60}, {"role": "assistant", "content": "because"}]
+    path = write_jsonl(tmp_path / "train.jsonl", [json.dumps({"messages": m}) for m in (CONV, long_question, CONV)])
+    ds, stats = data.build_dataset(cell(tmp_path, data="jsonl", seq_len=32, **{"data.path": path}), tok)
+    assert stats["data/no_labels_dropped"] == 1 and len(ds) == 2
+    assert all(any(t != data.IGNORE for t in labels[1:]) for labels in ds["labels"])
+    only_long = write_jsonl(tmp_path / "long.jsonl", [json.dumps({"messages": long_question})])
+    with pytest.raises(data.DataError, match="no sample has a token to train on within seq_len=32"):
+        data.build_dataset(cell(tmp_path, data="jsonl", seq_len=32, **{"data.path": only_long}), tok)
+
+
 def test_sharegpt_ships_real_conversations(tmp_path, tok):
     ds, stats = data.build_dataset(cell(tmp_path, data="sharegpt", seq_len=256, **{"data.max_samples": 12}), tok)
-    assert len(ds) == 12 and stats["data/source_records"] > 17000
+    # Conversations whose first user turn fills the 256 tokens have nothing to train on: dropped, counted.
+    assert len(ds) + stats["data/no_labels_dropped"] == 12 and len(ds) >= 8 and stats["data/source_records"] > 17000
     assert 0 < stats["data/skipped_invalid"] < stats["data/source_records"] / 10
     row = ds[0]
     assert row["input_ids"][:2] == [data.BOS, 3] and any(x != data.IGNORE for x in row["labels"])
