@@ -48,15 +48,18 @@ def test_collator_gives_each_packed_sample_and_the_padding_a_segment():
     assert "cu_seq_lens_q" not in data.PackedCollator(pad_id=0, width=9)(rows)
 
 
-def test_unsloth_s_packed_batches_name_each_sample_s_length():
-    """Unsloth reads a packed row's sample boundaries from position_ids only for a batch of one row; at
-    batch > 1 it attends across samples unless told their lengths, under its key packed_seq_lengths."""
+def test_unsloth_s_packed_batches_are_one_row_that_names_each_sample_s_length():
+    """Unsloth keeps attention inside a packed sample only in a one-row batch (at batch 4 on the GPU it failed
+    on the shapes): its batches are the rows laid end to end, each segment's length under packed_seq_lengths."""
     c = OmegaConf.to_object(compose_cfg(["backend=unsloth", "data.packing=true", "seq_len=9"]))
     rows = data.pack([{"input_ids": [1] * n, "labels": [1] * n} for n in (5, 3, 2, 6)], seq_len=9)
     batch = data.PackedCollator(0, 9, lengths=True)(rows)
     # Rows [6, 3] and [5, 2 | 2 pad], laid end to end: the padding is a segment of its own.
     assert batch["packed_seq_lengths"].tolist() == [6, 3, 5, 2, 2]
     assert int(batch["packed_seq_lengths"].sum()) == batch["input_ids"].numel()
+    rowwise = data.PackedCollator(0, 9)(rows)
+    for k, v in rowwise.items():  # the same tokens, positions, labels and real-token marks, end to end
+        assert batch[k].shape == (1, 18) and torch.equal(batch[k][0], v.reshape(-1))
     assert "packed_seq_lengths" not in data.PackedCollator(0, 9)(rows)
 
     class Tok:

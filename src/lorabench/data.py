@@ -347,9 +347,10 @@ class PackedCollator:
     segment that no real token attends to; no attention_mask is passed (transformers then builds
     the block-diagonal causal mask from position_ids), and `real_tokens` tells the meter which
     positions are real. With `segments`, the batch also says where each segment starts, for
-    attention without a mask (lorabench.packed_attention). With `lengths`, it also gives each segment's
-    length as `packed_seq_lengths`, the key Unsloth's attention reads them from: Unsloth infers them from
-    position_ids only for a batch of one row, and without them attends across the samples of a row."""
+    attention without a mask (lorabench.packed_attention). With `lengths` (Unsloth), the batch is one row of
+    all its rows laid end to end, with each segment's length as `packed_seq_lengths`: Unsloth's attention
+    keeps to a sample only in a one-row batch (as TRL's padding-free collator gives it) and otherwise
+    attends across the samples of a row. The same tokens, positions and labels: the same loss."""
 
     def __init__(self, pad_id: int, width: int | None, segments: bool = False, lengths: bool = False):
         self.pad_id, self.width, self.segments, self.lengths = pad_id, width, segments, lengths
@@ -368,6 +369,7 @@ class PackedCollator:
         if self.segments:
             out.update(packed_attention.segments(out["position_ids"]))
         if self.lengths:
+            out = {k: v.reshape(1, -1) for k, v in out.items()}
             out["packed_seq_lengths"] = packed_attention.segments(out["position_ids"])["cu_seq_lens_q"].diff()
         return out
 
