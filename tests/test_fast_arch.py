@@ -235,6 +235,43 @@ def test_fast_path_computes_the_architecture_s_model_on_cpu(same_masks, monkeypa
     assert all(layer.self_attn.forward.__func__ is fused._attention_forward for layer in layers)
 
 
+def test_flex_attention_computes_gemma2_s_soft_capped_attention_on_cpu(monkeypatch):
+    """backend.flex_attention: Gemma-2's attention as flex attention (its CPU kernel runs the forward only) gives
+    eager's logits, on packed rows (positions restart inside a row) through both of its layer kinds (one with a
+    window shorter than a sample); without the cap the logits differ by far more, so the cap is applied."""
+    monkeypatch.setattr(fastpath, "flex_runs_on", lambda device: True)
+    # Uncompiled (flex attention's reference path; transformers compiles it and its masks): the same arithmetic,
+    # without a minute of Inductor on two cores.
+    monkeypatch.setattr(torch, "compile", lambda fn=None, **kw: fn if fn is not None else (lambda f: f))
+    from transformers.integrations.flex_attention import WrappedFlexAttention
+    monkeypatch.setattr(WrappedFlexAttention, "_instance", None)  # its uncompiled singleton dropped after the test
+    cpu = torch.device("cpu")
+    eager = build("gemma2", torch.float32).eval()
+    with torch.no_grad():  # scores well past the cap of 2, so that it bites
+        for layer in eager.model.layers:
+            layer.self_attn.q_proj.weight.mul_(30)
+    flex = fastpath.apply(copy.deepcopy(eager), fast_cfg("backend.flex_attention=true", "backend.varlen_attention=false",
+                                                          "backend.fused_add_norm=false"), cpu, fastpath.Stage.BEFORE_LORA)
+    assert flex.config._attn_implementation == "flex_attention" and eager.config._attn_implementation == "eager"
+    ids = torch.randint(0, SMALL["vocab_size"], (2, SEQ), generator=torch.Generator().manual_seed(3))
+    pos = torch.tensor([list(range(SEQ)), [*range(SEQ // 2), *range(SEQ - SEQ // 2)]])  # row 2: two samples
+    with torch.no_grad():
+        ref, out = (m(input_ids=ids, position_ids=pos).logits for m in (eager, flex))
+        for layer in eager.model.layers:
+            layer.self_attn.attn_logit_softcapping = None
+        uncapped = eager(input_ids=ids, position_ids=pos).logits
+    # float32 throughout: the two differ in summation order only (a few ulps of logits of order 1)
+    assert (out - ref).abs().max() <= 1e-4 * ref.abs().max()
+    assert (uncapped - ref).abs().max() > 100 * (out - ref).abs().max()
+
+
+def test_flex_attention_leaves_attention_without_a_soft_cap_and_cells_off_cuda_as_they_are():
+    cpu, c = torch.device("cpu"), fast_cfg("backend.flex_attention=true", "backend.varlen_attention=false")
+    for model_type in ("mistral", "gemma2"):  # no soft-cap; soft-capped, but on CPU (no flex backward there)
+        model = fastpath.apply(build(model_type, torch.float32), c, cpu, fastpath.Stage.BEFORE_LORA)
+        assert model.config._attn_implementation == "eager"
+
+
 def test_a_refused_architecture_is_a_skipped_cell_with_exit_code_5(tmp_path):
     """Through the entry point's cell: a Gemma-2 checkpoint (config.json and safetensors) under backend=fast is
     skipped before its weights are read, with the one line naming the part; exit code 5."""
@@ -338,7 +375,14 @@ def test_fast_path_computes_the_architecture_s_model_on_gpu(model_type):
         compare_gpu(model_type, cuda, liger)
 
 
-def compare_gpu(model_type, device, liger):
+@pytest.mark.gpu
+@requires_cuda
+def test_flex_attention_computes_gemma2_s_model_on_gpu():
+    """backend.flex_attention (compiled flex attention, its backward included) against hf's eager attention."""
+    compare_gpu("gemma2", torch.device("cuda", 0), "[rms_norm,rope,swiglu]", "backend.flex_attention=true")
+
+
+def compare_gpu(model_type, device, liger, *extra):
     """hf and fast in bf16 against hf in float64 on the same (bf16) weights, the exact model: the fast path's
     logits, loss and LoRA gradients are no further from it than twice hf's own bf16 error plus 2^-8 (one bf16
     rounding step) of the norm. Both round at 2^-8 per operation, in different places (Liger's kernels, the
@@ -351,7 +395,7 @@ def compare_gpu(model_type, device, liger):
               "train.gradient_checkpointing=true", "train.checkpoint_fraction=0.5"]
     c_hf = cfg(*common)
     c_fast = cfg(*common, "backend=fast", "data.packing=false", f"backend.liger={liger}",
-                 *REFUSED.get(model_type, ("", []))[1])
+                 *REFUSED.get(model_type, ("", []))[1], *extra)
     fastpath.check_parts(c_fast, base.config, device)
     exact = logits_and_grads(copy.deepcopy(base).double(), c_hf, device, batch)
     hf = logits_and_grads(copy.deepcopy(base), c_hf, device, batch)

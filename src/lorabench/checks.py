@@ -129,14 +129,15 @@ def tokenizer_words(path: str) -> int:
 def check_backend(c: Config) -> None:
     b = c.backend
     if b.name is Backend.unsloth and (b.liger or b.compile or b.fused_lora or b.fused_mlp
-                                      or b.fused_add_norm or b.varlen_attention or not b.upcast_fp32):
+                                      or b.fused_add_norm or b.varlen_attention or b.flex_attention
+                                      or not b.upcast_fp32):
         raise ValueError("backend=unsloth is Unsloth's recipe as it is: backend.liger=[], "
                          "backend.compile=false, backend.fused_lora=false, backend.fused_mlp=false, "
                          "backend.fused_add_norm=false, "
-                         "backend.varlen_attention=false and "
+                         "backend.varlen_attention=false, backend.flex_attention=false and "
                          f"backend.upcast_fp32=true (got liger={list(b.liger)}, compile={b.compile}, "
                          f"fused_lora={b.fused_lora}, fused_mlp={b.fused_mlp}, fused_add_norm={b.fused_add_norm}, "
-                         f"varlen_attention={b.varlen_attention}, "
+                         f"varlen_attention={b.varlen_attention}, flex_attention={b.flex_attention}, "
                          f"upcast_fp32={b.upcast_fp32})")
     if b.name is Backend.unsloth and c.train.offload_fraction:
         raise ValueError(f"train.offload_fraction={c.train.offload_fraction:g} is lorabench's offloading; "

@@ -284,6 +284,23 @@ def _apply_varlen(model, c: Config, device: torch.device, f: Features):
     return model
 
 
+def flex_runs_on(device: torch.device) -> bool:
+    """PyTorch's flex attention trains on CUDA (its CPU kernel has no backward)."""
+    return device.type == "cuda"
+
+
+def _apply_flex(model, c: Config, device: torch.device, f: Features):
+    if f.attn_softcap is None:
+        log.info("backend.flex_attention acts on soft-capped attention only; %s caps none: its attention stays %s",
+                 f.model_type, model.config._attn_implementation)
+    elif flex_runs_on(device):
+        # transformers' flex path: the soft-cap as score_mod, masks (causal, sliding window, packed samples from
+        # position_ids) as a BlockMask; the kernel is compiled once per process.
+        model.set_attn_implementation("flex_attention")
+        log.info("soft-capped attention (%g) as flex attention", f.attn_softcap)
+    return model
+
+
 def _apply_liger(model, c: Config, device: torch.device, f: Features):
     patch = LIGER[f.model_type]
     apply_patch = getattr(importlib.import_module("liger_kernel.transformers.monkey_patch"), patch.function)
@@ -339,6 +356,8 @@ PARTS = (
     Part("packing", "samples packed into full rows where the data has padding (data.packing)", Stage.DATA),
     Part("varlen_attention", "packed rows' attention as varlen flash attention, no mask "
          "(lorabench.packed_attention)", Stage.BEFORE_LORA, Cuda.ONLY, lacks=_varlen_lacks, apply=_apply_varlen),
+    Part("flex_attention", "soft-capped attention (Gemma-2) as PyTorch's flex attention, the cap a score_mod in "
+         "its kernel: no score matrix kept for the backward", Stage.BEFORE_LORA, Cuda.ONLY, apply=_apply_flex),
     Part("liger", "Liger-Kernel's RMSNorm, RoPE, gated MLP and fused linear cross-entropy, its patch for the "
          "architecture (LIGER)", Stage.BEFORE_LORA, Cuda.REQUIRED, lacks=_liger_lacks, apply=_apply_liger),
     Part("ce_chunk_mem", "Liger's fused linear cross-entropy in larger chunks (its chunk_mem_const)", Stage.CELL,
