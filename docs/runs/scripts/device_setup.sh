@@ -3,9 +3,10 @@
 # unpacked, the GPU's clocks recorded, the environment set; `run` is one train.py command with its
 # table lines shown, stopped before the device's 10-minute limit (LIMIT_S), `sg` ShareGPT in 22 GiB.
 # Each carried wheel installed once (a warm machine keeps /tmp/site between calls): a call may carry only
-# some of the wheel dirs, as the device tool's 64 MiB for the working tree and what it carries allows.
+# some of the wheel dirs (.whl, .whl_b, .whl_unsloth...), as the device tool's 64 MiB for the working tree and
+# what it carries allows; install-only calls first, then the measuring ones.
 mkdir -p /tmp/site; touch /tmp/site/.wheels
-new=$(for w in .whl/*.whl .whl_unsloth/*.whl; do [ -f "$w" ] && ! grep -qxF "$(basename $w)" /tmp/site/.wheels \
+new=$(for w in .whl*/*.whl; do [ -f "$w" ] && ! grep -qxF "$(basename $w)" /tmp/site/.wheels \
   && echo $w; done)
 if [ -n "$new" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site $new || exit 1
