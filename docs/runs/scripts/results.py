@@ -1027,7 +1027,7 @@ def glance() -> str:
         + " (Gemma-2's Unsloth cells were skipped there: no Gemma tokenizer offline for its loader). Mistral-7B on the whole "
         "GPU at seq 512: fast " + _x(fb["mistral-7b s512 auto"]["fast"], fb["mistral-7b s512 auto"]["unsloth"])
         + f" Unsloth's best at {fb['mistral-7b s512 auto']['fast']['mfu']:.1f}% MFU, the GPU at its power limit.",
-        f"- Before, seq 1024 within 22 GiB: fast's searched best over Unsloth's, Llama-3.1-8B "
+        f"- Earlier, seq 1024 within 22 GiB: fast's searched best over Unsloth's, Llama-3.1-8B "
         f"{hb['llama fast']['tok'] / hb['llama unsloth']['tok']:.2f}x on an "
         f"{gpu_of('c1')} (Unsloth's best layout from its earlier search, measured again beside fast's search), "
         f"Qwen2.5-7B {hb['qwen fast']['tok'] / hb['qwen unsloth']['tok']:.2f}x on an {gpu_of('c2')} (both searched in one run): short of the 1.15x "
