@@ -828,79 +828,123 @@ def gap_profiles() -> dict:
     return out
 
 
-def gaps_section() -> str:
-    """What issues 34, 35 and 39 still missed after FOUR: Mistral-7B's whole GPU at seq 1024 and seq 2048 in 22 GiB,
-    packed ShareGPT, Gemma-2's Unsloth, the two bests of FOUR profiled side by side."""
-    d = RUNS / GAPS
-    b = {sw: {k: gap_best(f"{sw}_{k}", k) for k in bk} for sw, bk in (
+def gap_bests() -> dict:
+    """{sweep prefix: {backend: its searched best}} of GAPS."""
+    return {sw: {k: gap_best(f"{sw}_{k}", k) for k in bk} for sw, bk in (
         ("m7_s1024_auto", ("fast", "unsloth")), ("m7_s2048_a10", ("hf", "fast", "unsloth")),
         ("gemma-2-9b", ("fast", "unsloth")), *[(f"sg_s{q}", ("hf", "fast")) for q in GAP_SEQS])}
+
+
+def gap_tables(b: dict, failed: dict) -> tuple[str, str, str]:
+    """Mistral-7B's other shapes, Gemma-2, packed ShareGPT: each backend's best and the ratios between them."""
+    best = ["tok/s (p50)", "MFU %", "peak GiB"]
     shape = an.md_table(
-        ["Mistral-7B", "GPU", "hf's best", "tok/s (p50)", "MFU %", "peak GiB", "fast's best", "tok/s (p50)", "MFU %",
-         "peak GiB", "Unsloth's best", "tok/s (p50)", "MFU %", "peak GiB", "fast / hf (at p50)", "fast / Unsloth (at p50)"],
+        ["Mistral-7B", "GPU", "hf's best", *best, "fast's best", *best, "Unsloth's best", *best, "fast / hf (at p50)",
+         "fast / Unsloth (at p50)"],
         [[title, f"{i}", *_best_cells(b[sw].get("hf"), "not run (issue 35 sets no hf target on the whole GPU)"),
           *_best_cells(b[sw]["fast"]), *_best_cells(b[sw]["unsloth"]), _x(b[sw]["fast"], b[sw].get("hf")),
           _x(b[sw]["fast"], b[sw]["unsloth"])]
          for title, sw, i in (("seq 1024, whole GPU (139.8 GiB)", "m7_s1024_auto", 0),
                               ("seq 2048, 22 GiB", "m7_s2048_a10", 1))])
-    gemma = an.md_table(["model", "GPU", "fast's best", "tok/s (p50)", "MFU %", "peak GiB", "Unsloth's best", "tok/s (p50)",
-                         "MFU %", "peak GiB", "fast / Unsloth (at p50)"],
-                        [["gemma-2-9b", "2", *_best_cells(b["gemma-2-9b"]["fast"]), *_best_cells(b["gemma-2-9b"]["unsloth"]),
-                          _x(b["gemma-2-9b"]["fast"], b["gemma-2-9b"]["unsloth"])]])
-    failed = {q: [r for r in load_cells(d / f"sg_s{q}_unsloth") if not r.ok] for q in (512, 1024)}
-    why = re.findall(r"failed: (.*?) \(traceback", failed[1024][0].error)[-1]  # the rank's own last line
+    g = b["gemma-2-9b"]
+    gemma = an.md_table(["model", "GPU", "fast's best", *best, "Unsloth's best", *best, "fast / Unsloth (at p50)"],
+                        [["gemma-2-9b", "2", *_best_cells(g["fast"]), *_best_cells(g["unsloth"]), _x(g["fast"], g["unsloth"])]])
     packed = an.md_table(
-        ["seq", "hf's best", "tok/s (p50)", "MFU %", "peak GiB", "fast's best", "tok/s (p50)", "MFU %", "peak GiB",
-         "Unsloth", "fast / hf (at p50)"],
+        ["seq", "hf's best", *best, "fast's best", *best, "Unsloth", "fast / hf (at p50)"],
         [[f"{q}", *_best_cells(b[f"sg_s{q}"]["hf"]), *_best_cells(b[f"sg_s{q}"]["fast"]),
           f"{len(failed[q])} cells failed" if q in failed else "not run (its first two seq_lens failed)",
           _x(b[f"sg_s{q}"]["fast"], b[f"sg_s{q}"]["hf"])] for q in GAP_SEQS])
-    nan = [(q, r) for q in (1024, 2048) for r in load_cells(d / f"sg_s{q}_hf") if not r.ok and "nan" in (r.error or "")]
-    p = gap_profiles()
+    return shape, gemma, packed
+
+
+def whole_gpu_text(p: dict) -> str:
+    """fast's and Unsloth's whole-GPU bests per 1,000 tokens by category, and what 62% MFU would need."""
+    k = {key: per_1k_tokens(p[key]) for key in ("m7 fast", "m7 unsloth")}
+    table = an.md_table(["ms per 1,000 tokens, whole H200, seq 512", *an.CATEGORIES, "sum"],
+                        [[p[key].label, *[f"{k[key][c]:.1f}" for c in an.CATEGORIES], f"{sum(k[key].values()):.1f}"]
+                         for key in k])
+    (fr, fc), (ur, uc) = matmul_rate(p["m7 fast"]), matmul_rate(p["m7 unsloth"])
+    fm, top = p["m7 fast"].metrics, four_gpu(0)["max_mhz"]
+    need = 62 / fm["perf/mfu_pct"] * fm["prof/matmul_frac"]  # the matmuls' share of a step at 62% MFU, same rate
+    return "\n".join([table, "",
+        f"Where the whole-GPU step goes: matmuls are {100 * fm['prof/matmul_frac']:.0f}% of fast's step "
+        f"({100 * p['m7 unsloth'].metrics['prof/matmul_frac']:.0f}% of Unsloth's); fast spends less per token on "
+        "elementwise work and attention and about the same on matmuls. The model FLOPs of a step over its time in "
+        f"matmuls are {fr:.0f} TFLOP/s for fast ({ur:.0f} for Unsloth), against the {fc:.0f} TFLOP/s "
+        f"({uc:.0f}) that the dense peak gives at the SM clock these cells held under the 700 W cap "
+        f"({fm['gpu/sm_clock_mean_mhz']:,.0f} MHz mean for fast): {100 * fr / fc:.0f}% of it. At this matmul rate 62% "
+        f"MFU needs the matmuls to fill {100 * need:.0f}% of the step, everything else cut from "
+        f"{100 - 100 * fm['prof/matmul_frac']:.0f}% of it to {100 - 100 * need:.0f}%; the same step at the datasheet's "
+        f"{top:,.0f} MHz would be at {fm['perf/mfu_pct'] * top / fm['gpu/sm_clock_mean_mhz']:.0f}% "
+        "if every kernel sped up with the clock. So on the whole GPU most of the gap to the target is the power cap's "
+        "clock, and the gap to 1.10x Unsloth is that both run the same frozen-weight matmuls at the same clock: fast's "
+        f"lead is the {sum(k['m7 unsloth'].values()) - sum(k['m7 fast'].values()):.1f} ms per 1,000 tokens it saves "
+        "outside them."])
+
+
+def qwen_text(p: dict) -> str:
+    """Qwen2.5-7B's two bests profiled under a busy host, against the same layouts in FOUR."""
+    qf, four_q = p["qwen fast"], four_best("qwen2.5-7b_fast", "fast")
+    hosts = {key: ", ".join(f"{n} {h:.0f} ms" for n, h, _ in host_ops(p[key], 3)) for key in ("qwen fast", "qwen unsloth")}
+    return (f"Qwen2.5-7B: fast's b6 (0.25 recomputed) ran at {qf.metrics['perf/tokens_per_s']:,.0f} tok/s here against "
+            f"{four_q['tok']:,.0f} in its search of the section below, the same layout on the same kind of GPU: under the "
+            f"other three lists' load, its GPU busy {qf.metrics['gpu/util_mean_pct']:.0f}% of the time (NVML, over the "
+            f"cell) at {qf.metrics['gpu/sm_clock_mean_mhz']:,.0f} MHz, far from the power cap. Under the profiler both "
+            f"steps wait on the host about a third of the time; fast's host time goes to its autograd Functions' "
+            f"launches ({hosts['qwen fast']} a profiled step), Unsloth's to {hosts['qwen unsloth']}. On a shared host "
+            "fast's many launches from Python cost it its lead (in the section below, the same kind of shared host, it "
+            f"led by {_x(four_q, four_best('qwen2.5-7b_unsloth', 'unsloth'))}). Unsloth's compiled regions launch "
+            "fewer kernels.")
+
+
+def gaps_section() -> str:
+    """What issues 34, 35 and 39 still missed after FOUR: Mistral-7B's whole GPU at seq 1024 and seq 2048 in 22 GiB,
+    packed ShareGPT, Gemma-2's Unsloth, the two bests of FOUR profiled side by side."""
+    d, b, p = RUNS / GAPS, gap_bests(), gap_profiles()
+    failed = {q: [r for r in load_cells(d / f"sg_s{q}_unsloth") if not r.ok] for q in (512, 1024)}
+    why = re.findall(r"failed: (.*?) \(traceback", failed[1024][0].error)[-1]  # the rank's own last line
+    shape, gemma, packed = gap_tables(b, failed)
+    nan = [r for q in (1024, 2048) for r in load_cells(d / f"sg_s{q}_hf") if not r.ok and "nan" in (r.error or "")]
     split = an.md_table(["cell", "tok/s non-pad (p50)", "profiled step ms", "timed step p50 ms",
                          *[f"{c} %" for c in an.CATEGORIES]],
                         [[r.label, f"{r.metrics['perf/tokens_per_s']:,.0f} ({an.p50_tokens_per_s(r.metrics):,.0f})",
                           f"{r.metrics['prof/step_ms']:.0f}", f"{1e3 * r.metrics['perf/step_time_p50_s']:.0f}",
                           *[f"{100 * r.metrics[f'prof/{c}_frac']:.0f}" for c in an.CATEGORIES]] for r in p.values()])
-    k = {key: per_1k_tokens(r) for key, r in p.items()}
-    per_tok = an.md_table(["ms per 1,000 tokens, whole H200, seq 512", *an.CATEGORIES, "sum"],
-                          [[p[key].label, *[f"{k[key][c]:.1f}" for c in an.CATEGORIES], f"{sum(k[key].values()):.1f}"]
-                           for key in ("m7 fast", "m7 unsloth")])
-    (fr, fc), (ur, uc) = matmul_rate(p["m7 fast"]), matmul_rate(p["m7 unsloth"])
-    fm = p["m7 fast"].metrics
-    need = 62 / fm["perf/mfu_pct"] * fm["prof/matmul_frac"]
-    qf, qu, four_q = p["qwen fast"], p["qwen unsloth"], four_best("qwen2.5-7b_fast", "fast")
-    hosts = {key: host_ops(p[key], 3) for key in ("qwen fast", "qwen unsloth")}
-    sweeps = [("Mistral-7B, seq 1024, whole GPU, fast", "m7_s1024_auto_fast"),
-              ("Mistral-7B, seq 1024, whole GPU, Unsloth", "m7_s1024_auto_unsloth"),
-              ("Mistral-7B, seq 2048, 22 GiB, hf", "m7_s2048_a10_hf"), ("Mistral-7B, seq 2048, 22 GiB, fast", "m7_s2048_a10_fast"),
-              ("Mistral-7B, seq 2048, 22 GiB, Unsloth", "m7_s2048_a10_unsloth"),
-              ("gemma-2-9b, fast", "gemma-2-9b_fast"), ("gemma-2-9b, Unsloth", "gemma-2-9b_unsloth"),
-              *[(f"packed ShareGPT, seq {q}, {bk}", f"sg_s{q}_{bk}") for q in GAP_SEQS for bk in ("hf", "fast")]]
+    sweeps = [(f"Mistral-7B, seq 1024, whole GPU, {bk}", f"m7_s1024_auto_{bk}") for bk in ("fast", "unsloth")] + \
+        [(f"Mistral-7B, seq 2048, 22 GiB, {bk}", f"m7_s2048_a10_{bk}") for bk in ("hf", "fast", "unsloth")] + \
+        [(f"gemma-2-9b, {bk}", f"gemma-2-9b_{bk}") for bk in ("fast", "unsloth")] + \
+        [(f"packed ShareGPT, seq {q}, {bk}", f"sg_s{q}_{bk}") for q in GAP_SEQS for bk in ("hf", "fast")]
     every = "\n\n".join(f"{t}:\n\n{an.search_table(load_searches(d / sw))}" for t, sw in sweeps)
-    g0 = gap_gpu(0)
+    m, s2, f512 = b["m7_s1024_auto"], b["m7_s2048_a10"], four_bests()["mistral-7b s512 auto"]
+    g_cfg = load_cells(d / "gemma-2-9b_fast")[0].config
+    heads, seq = g_cfg["model"]["num_attention_heads"], g_cfg["seq_len"]
+    t = next(iter(p.values())).config["train"]
+    cut = re.search(r"the step after step (\d+)", (d / "trl_l4" / "results.md").read_text()).group(1)
+    gpu_line = (d / "gpu_c1.csv").read_text().splitlines()[1].split(", ")
     return "\n".join([
         "### What the searches still missed: Mistral-7B's other shapes, packed ShareGPT, Gemma-2's Unsloth, the bests "
         "profiled (commit 8867807, one 4 x H200 machine)", "",
-        f"One list per GPU of one 4 x {g0} machine (700 W each), three calls; the lists ran at once, their starts 20 s "
-        "apart. Searches as in the section below (`+experiment=tune`, at most 10 measured cells, 14 steps of which 4 "
+        f"One list per GPU of one 4 x {gap_gpu(0)} machine ({gpu_line[4].split('.')[0]} W each), three calls; the lists ran at once, their starts "
+        "20 s apart. Searches as in the section below (`+experiment=tune`, at most 10 measured cells, 14 steps of which 4 "
         "untimed), fixed-length rows, nf4, LoRA r16 q/k/v/o with dropout 0.05, paged_adamw_8bit. Issue 35's other "
         "shapes of Mistral-7B-v0.3:", "",
         shape, "",
-        f"**Issue 35's targets: on the whole GPU fast's best over Unsloth's >= 1.10x: {_x(b['m7_s1024_auto']['fast'], b['m7_s1024_auto']['unsloth'])}, "
-        f"missed (at seq 512 in the section below: {_x(four_bests()['mistral-7b s512 auto']['fast'], four_bests()['mistral-7b s512 auto']['unsloth'])}); "
-        f"MFU >= 62% on an H200: {b['m7_s1024_auto']['fast']['mfu']:.1f}%, missed. Within 22 GiB at seq 2048, over hf's best "
-        f">= 2.2x: {_x(b['m7_s2048_a10']['fast'], b['m7_s2048_a10']['hf'])}, missed; over Unsloth's >= 1.15x: "
-        f"{_x(b['m7_s2048_a10']['fast'], b['m7_s2048_a10']['unsloth'])}, missed.** Unsloth's whole-GPU search at seq 1024 "
-        "now started where its memory estimate fits (b24 and b32 ran; the OOM walk of the section below is gone).", "",
+        f"**Issue 35's targets: on the whole GPU fast's best over Unsloth's >= 1.10x: {_x(m['fast'], m['unsloth'])}, "
+        f"missed (at seq 512 in the section below: {_x(f512['fast'], f512['unsloth'])}); MFU >= 62% on an H200: "
+        f"{m['fast']['mfu']:.1f}%, missed. Within 22 GiB at seq 2048, over hf's best >= 2.2x: {_x(s2['fast'], s2['hf'])}, "
+        f"missed; over Unsloth's >= 1.15x: {_x(s2['fast'], s2['unsloth'])}, missed.** Unsloth's whole-GPU search at seq "
+        "1024 now started where its memory estimate fits (b24 and b32 ran; the OOM walk of the section below is gone).", "",
         "Gemma-2-9B within 22 GiB at seq 1024, Unsloth loading a stand-in tokenizer (Gemma's vocabulary size and special "
         "ids: `modeling.stand_in_tokenizer`), fast with its fused add-norm and varlen attention off (sandwich norms, "
         "soft-capped attention):", "",
         gemma, "",
         f"**Issue 34's target on Gemma-2, fast's best >= 1.15x Unsloth's: {_x(b['gemma-2-9b']['fast'], b['gemma-2-9b']['unsloth'])}, "
-        "missed: Unsloth leads.** Both recompute every layer at their bests. fast runs Gemma-2's soft-capped attention "
-        "through transformers' attention function for it (which materialises the scores to cap them), Unsloth through "
-        "its own; this run has no profile of the two, so which part of the step makes the difference is not measured.", "",
+        f"missed: Unsloth leads.** Both recompute every layer at their bests, Unsloth's at {b['gemma-2-9b']['unsloth']['peak']:.0f} "
+        "GiB. fast ran Gemma-2's soft-capped attention as transformers' eager attention (SDPA has no soft-cap), which "
+        "keeps the scores' tanh (bf16) and softmax (fp32 and a bf16 copy) for the backward: 8 bytes x "
+        f"{heads} heads x {seq:,}^2 = {8 * heads * seq**2 / 2**20:.0f} MiB a row per layer here; Unsloth through its own. After this run "
+        "`backend.flex_attention` runs it as flex attention with the cap in the kernel: not measured yet. This run has "
+        "no profile of the two.", "",
         "Packed ShareGPT (the same 2,000 conversations, `data=jsonl data.packing=true` for every backend) within 22 GiB, "
         "GPU 3:", "",
         packed, "",
@@ -911,33 +955,14 @@ def gaps_section() -> str:
         f"2048 stopped on a NaN loss ({len(nan)} cells): a row whose only sample had no assistant token within seq_len "
         "(a user turn that fills it) gave a mean over no labels. Such samples are now dropped and counted "
         "(`data/no_labels_dropped`); the search's bests above are cells that trained.", "",
-        "The bests of the section below profiled side by side (16 steps: 4 untimed, 2 profiled, 10 timed; "
+        f"The bests of the section below profiled side by side ({t['max_steps']} steps: {t['untimed_steps']} untimed, "
+        f"{t['profile_steps']} profiled, {t['max_steps'] - t['untimed_steps'] - t['profile_steps']} timed; "
         "Mistral-7B on GPU 0, Qwen2.5-7B on GPU 1):", "",
         split, "",
-        per_tok, "",
-        f"Where the whole-GPU step goes: matmuls are {100 * fm['prof/matmul_frac']:.0f}% of fast's step "
-        f"({100 * p['m7 unsloth'].metrics['prof/matmul_frac']:.0f}% of Unsloth's); fast spends less per token on "
-        "elementwise work and attention and about the same on matmuls. The model FLOPs of a step over its time in "
-        f"matmuls are {fr:.0f} TFLOP/s for fast ({ur:.0f} for Unsloth), against the {fc:.0f} TFLOP/s "
-        f"({uc:.0f}) that the dense peak gives at the SM clock these cells held under the 700 W cap "
-        f"({fm['gpu/sm_clock_mean_mhz']:,.0f} MHz mean for fast): {100 * fr / fc:.0f}% of it. At this matmul rate 62% "
-        f"MFU needs the matmuls to fill {100 * need:.0f}% of the step, everything else cut from "
-        f"{100 - 100 * fm['prof/matmul_frac']:.0f}% of it to {100 - 100 * need:.0f}%; the same step at the datasheet's "
-        f"{four_gpu(0)['max_mhz']:,.0f} MHz would be at {fm['perf/mfu_pct'] * four_gpu(0)['max_mhz'] / fm['gpu/sm_clock_mean_mhz']:.0f}% "
-        "if every kernel sped up with the clock. So on the whole GPU most of the gap to the target is the power cap's "
-        "clock, and the gap to 1.10x Unsloth is that both run the same frozen-weight matmuls at the same clock: fast's lead "
-        f"is the {sum(k['m7 unsloth'].values()) - sum(k['m7 fast'].values()):.1f} ms per 1,000 tokens it saves outside them.", "",
-        f"Qwen2.5-7B: fast's b6 (0.25 recomputed) ran at {qf.metrics['perf/tokens_per_s']:,.0f} tok/s here against "
-        f"{four_q['tok']:,.0f} in its search of the section below, the same layout on the same kind of GPU: under the "
-        f"other three lists' load, its GPU busy {qf.metrics['gpu/util_mean_pct']:.0f}% of the time (NVML, over the cell) at "
-        f"{qf.metrics['gpu/sm_clock_mean_mhz']:,.0f} MHz, far from the power cap. Under the profiler both steps wait on "
-        f"the host about a third of the time; fast's host time goes to its autograd Functions' launches ("
-        + ", ".join(f"{n} {h:.0f} ms" for n, h, _ in hosts["qwen fast"]) + " a profiled step), Unsloth's to "
-        + ", ".join(f"{n} {h:.0f} ms" for n, h, _ in hosts["qwen unsloth"]) + ". On a shared host fast's many "
-        f"launches from Python cost it its lead (in the section below, the same kind of shared host, it led by "
-        f"{_x(four_q, four_best('qwen2.5-7b_unsloth', 'unsloth'))}). Unsloth's compiled regions launch fewer kernels.", "",
+        whole_gpu_text(p), "",
+        qwen_text(p), "",
         "The L4 source cells (`+experiment=trl_l4_check`, issue 39) started last on GPU 2 and were stopped by the call's "
-        "time limit at their 7th of 15 steps, before any timed step: not measured. On an H200 machine the seed's "
+        f"time limit in the step after their step {cut}, before any timed step: not measured. On an H200 machine the seed's "
         "diagnostic was not run again (its H200 cells are in docs/runs/2026-11-24_h200_projection).", "",
         "Every cell each search tried:", "",
         every, "",
