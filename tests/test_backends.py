@@ -276,6 +276,21 @@ def test_unsloth_cell_trains_in_a_process_of_its_own_on_gpu(tmp_path):
     assert "unsloth" not in sys.modules and "Unsloth" in (tmp_path / "ranks.log").read_text()
 
 
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.skipif(importlib.util.find_spec("unsloth") is None, reason="unsloth not installed")
+def test_unsloth_cell_trains_on_packed_rows_on_gpu(tmp_path):
+    """Packed rows at batch 4 reach Unsloth as one row with each sample's length (lorabench.data.PackedCollator):
+    laid out row by row they failed in its attention on the shapes (2026-11-26_gaps)."""
+    r = run_in_process(["backend=unsloth", "precision=nf4", "optimizer=paged_adamw_8bit", "seq_len=128", "batch=4",
+                        "data.packing=true", "train.max_steps=12", "train.untimed_steps=2", "data.max_samples=64"],
+                       tmp_path)
+    assert r.status.value == "ok", r.error
+    assert read_result(tmp_path)["metrics"]["data/packed_rows"] > 0
+    losses = [s["loss"] for s in read_steps(tmp_path)]
+    assert len(losses) == 12 and losses[-1] < losses[0]
+
+
 def test_backend_sweep_report_compares_speed_and_loss_curves(tmp_path, float64):
     """A backend sweep on CPU (fast without its CUDA kernels and without packing, so both cells see
     the same batches; run in this process, laid out as a multirun's cells): the report names each

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# What 2026-11-26_gaps left: Gemma-2 with backend.flex_attention against Unsloth (issue 34), Unsloth on packed
+# ShareGPT against fast (issue 35), the L4 source cells (issue 39), and on an H100 machine Mistral-7B on the whole
+# GPU (issue 35). One list per GPU of one 4-GPU machine of the device tool, in consecutive calls on the same warm
+# machine:
+#   source docs/runs/scripts/device_setup.sh <commit> c0     (carry .whl, .whl_unsloth, .gpudata: installs them)
+#   bash docs/runs/scripts/2026-11-26_flex.sh <commit> c1    (carry .whl_b: installs it, then measures)
+#   bash docs/runs/scripts/2026-11-26_flex.sh <commit> c2, c3 ...   (carry nothing)
+# (the tracked tree and every wheel dir together are over the tool's 64 MiB). Each list runs its steps in order;
+# every call runs each list from the top, passing over a step that finished (its dir holds `done`) and resuming a
+# sweep that the time left stopped. Dirs in /tmp/runs; each call packs what changed into $OUT/<call>.tgz.
+#   gpu 0  the GPU tests of flex attention (Gemma-2's gradients against hf's) and of Unsloth on packed rows; then
+#          Gemma-2-9B within 22 GiB at seq 1024: fast's search with flex attention, Unsloth's search, fast's
+#          search without it (the A/B of the same run)
+#   gpu 1  the L4 source cells (+experiment=trl_l4_check, profiled); then packed ShareGPT at seq 1024: fast's and
+#          Unsloth's searches
+#   gpu 2  packed ShareGPT at seq 512: fast's and Unsloth's searches
+#   gpu 3  packed ShareGPT at seq 2048: fast's and Unsloth's searches; then, on an H100 machine only, Mistral-7B
+#          at seq 512 on the whole GPU: fast's and Unsloth's searches
+# Searches as in 2026-11-26_gaps (+experiment=tune, 14 steps of which 4 untimed, at most 10 measured cells).
+set -u
+LIMIT_S=${LIMIT_S:-540}; source "$(dirname "$0")/device_setup.sh" "$@"  # wheels, ShareGPT, environment, t0
+R=/tmp/runs; mkdir -p $R; echo "=== call $2 at commit $1" >> $R/log.txt; touch $R/.start_$2
+nvidia-smi --query-gpu=index,name,clocks.sm,clocks.max.sm,power.limit,temperature.gpu --format=csv \
+  > $OUT/gpu_$2.csv
+left() { echo $((LIMIT_S - (SECONDS - t0))); }
+sweep() {  # sweep <gpu> <name> <train.py arguments...>: once, resumed until it finishes
+  local gpu=$1 name=$2; shift 2
+  [ -f $R/$name/done ] && return 0
+  [ "$(left)" -lt 90 ] && return 1
+  echo "== gpu $gpu $name: $*" >> $R/log_$gpu.txt
+  CUDA_VISIBLE_DEVICES=$gpu timeout -s INT $(left) python3 train.py "$@" sweep.deadline_s=$(( $(left) - 15 )) \
+    hydra.sweep.dir=$R/$name >> $R/log_$gpu.txt 2>&1
+  local rc=$?  # 124: the backstop cut it; 4: stopped before the deadline; 2: a cell failed
+  echo "gpu $gpu $name: exit $rc after $((SECONDS - t0)) s" | tee -a $R/log_$gpu.txt
+  [ $rc -ne 124 ] && [ $rc -ne 4 ] && touch $R/$name/done
+  [ $rc -ne 124 ] && [ $rc -ne 4 ]
+}
+search="-m +experiment=tune train.max_steps=14 train.untimed_steps=4 search.max_cells=10"
+sg="data=jsonl data.path=/tmp/sharegpt_2000.jsonl data.max_samples=null data.packing=true"
+packed() {  # packed <gpu> <seq>: fast's and Unsloth's searches on packed ShareGPT within 22 GiB
+  for b in fast unsloth; do sweep $1 sg_s$2_$b $search $sg gpu=a10 seq_len=$2 backend=$b || return 1; done; }
+gpu0() {
+  if [ ! -f $R/gpu_tests.txt ]; then
+    CUDA_VISIBLE_DEVICES=0 timeout 300 python3 -m pytest -q -m gpu tests/test_fast_arch.py tests/test_backends.py \
+      -k "flex_attention or packed_rows or gemma2" > $R/gpu_tests.txt 2>&1; tail -1 $R/gpu_tests.txt
+  fi
+  local g="$search gpu=a10 seq_len=1024 model=gemma-2-9b backend.fused_add_norm=false backend.varlen_attention=false"
+  sweep 0 gemma-2-9b_fast_flex $g backend=fast backend.flex_attention=true \
+    && sweep 0 gemma-2-9b_unsloth ${g% backend.fused_add_norm*} backend=unsloth \
+    && sweep 0 gemma-2-9b_fast $g backend=fast
+}
+gpu3() {
+  packed 3 2048 || return 1
+  grep -q H100 $OUT/gpu_$2.csv || return 0
+  for b in fast unsloth; do sweep 3 m7_s512_auto_$b $search gpu=auto seq_len=512 backend=$b || return 1; done
+}
+# Staggered starts: each list's first model build and data tokenisation off the others'.
+gpu0 & { sleep 20; sweep 1 trl_l4 +experiment=trl_l4_check train.profile_steps=2 && packed 1 1024; } &
+{ sleep 40; packed 2 512; } & { sleep 60; gpu3 "$@"; } & wait
+echo "call $2: exit after $((SECONDS - t0)) s" | tee -a $R/log.txt
+# What this call wrote (earlier calls' files came back with them), without weights, checkpoints or pages.
+(cd $R && find . -type f -newer .start_$2 ! -name '*.pt' ! -name '*.safetensors' ! -name '*.html' ! -name '*.png' \
+  ! -path '*checkpoint-*' | tar czf $OUT/$2.tgz -T -)
+ls -la $OUT
