@@ -14,7 +14,10 @@
 #          search without it (the A/B of the same run)
 #   gpu 1  the L4 source cells (+experiment=trl_l4_check, profiled); then packed ShareGPT at seq 1024: fast's and
 #          Unsloth's searches
-#   gpu 2  packed ShareGPT at seq 512: fast's and Unsloth's searches
+#   gpu 2  packed ShareGPT at seq 512: fast's and Unsloth's searches; then hf's and fast's bests of
+#          2026-11-26_gaps profiled side by side (issue 35's 2.2x over hf, missed): seq 2048 fixed-length rows
+#          (hf b6 every layer recomputed, fast b4 0.25 recomputed / 0.25 offloaded) and packed ShareGPT at seq 1024
+#          (hf b12 every layer, fast b6 0.25 recomputed)
 #   gpu 3  packed ShareGPT at seq 2048: fast's and Unsloth's searches; then, on an H100 machine only, Mistral-7B
 #          at seq 512 on the whole GPU: fast's and Unsloth's searches
 # Searches as in 2026-11-26_gaps (+experiment=tune, 14 steps of which 4 untimed, at most 10 measured cells).
@@ -50,6 +53,15 @@ gpu0() {
     && sweep 0 gemma-2-9b_unsloth ${g% backend.fused_add_norm*} backend=unsloth \
     && sweep 0 gemma-2-9b_fast $g backend=fast
 }
+gpu2() {
+  packed 2 512 || return 1
+  local p="-m +experiment=seed_optimum train.max_steps=16 train.untimed_steps=4 train.profile_steps=2 gpu=a10"
+  local ck="train.gradient_checkpointing=true train.checkpoint_fraction"
+  sweep 2 prof_s2048_hf $p seq_len=2048 backend=hf batch=6 $ck=1 \
+    && sweep 2 prof_s2048_fast $p seq_len=2048 backend=fast batch=4 $ck=0.25 train.offload_fraction=0.25 \
+    && sweep 2 prof_sg1024_hf $p $sg seq_len=1024 backend=hf batch=12 $ck=1 \
+    && sweep 2 prof_sg1024_fast $p $sg seq_len=1024 backend=fast batch=6 $ck=0.25 train.offload_fraction=0
+}
 gpu3() {
   packed 3 2048 || return 1
   grep -q H100 $OUT/gpu_$2.csv || return 0
@@ -57,7 +69,7 @@ gpu3() {
 }
 # Staggered starts: each list's first model build and data tokenisation off the others'.
 gpu0 & { sleep 20; sweep 1 trl_l4 +experiment=trl_l4_check train.profile_steps=2 && packed 1 1024; } &
-{ sleep 40; packed 2 512; } & { sleep 60; gpu3 "$@"; } & wait
+{ sleep 40; gpu2; } & { sleep 60; gpu3 "$@"; } & wait
 echo "call $2: exit after $((SECONDS - t0)) s" | tee -a $R/log.txt
 # What this call wrote (earlier calls' files came back with them), without weights, checkpoints or pages.
 (cd $R && find . -type f -newer .start_$2 ! -name '*.pt' ! -name '*.safetensors' ! -name '*.html' ! -name '*.png' \
