@@ -250,8 +250,14 @@ def test_flex_attention_computes_gemma2_s_soft_capped_attention_on_cpu(monkeypat
     with torch.no_grad():  # scores well past the cap of 2, so that it bites
         for layer in eager.model.layers:
             layer.self_attn.q_proj.weight.mul_(30)
-    flex = fastpath.apply(copy.deepcopy(eager), fast_cfg("backend.flex_attention=true", "backend.varlen_attention=false",
-                                                          "backend.fused_add_norm=false"), cpu, fastpath.Stage.BEFORE_LORA)
+    # The fast path's forward, lorabench.fused's attention included (LoRA's B = 0: the base model's logits)
+    c = fast_cfg("backend.flex_attention=true", "backend.varlen_attention=false", "backend.fused_add_norm=false",
+                 f"lora.target_modules={targets('gemma2')}")
+    flex = fastpath.apply(copy.deepcopy(eager), c, cpu, fastpath.Stage.BEFORE_LORA)
+    flex = modeling.apply_lora(flex, c.lora, c.precision.name, False, c.backend.upcast_fp32)
+    flex = fastpath.apply(flex, c, cpu, fastpath.Stage.AFTER_LORA).eval()
+    from lorabench import fused
+    assert all(layer.self_attn.forward.__func__ is fused._attention_forward for layer in fastpath.decoder_layers(flex))
     assert flex.config._attn_implementation == "flex_attention" and eager.config._attn_implementation == "eager"
     ids = torch.randint(0, SMALL["vocab_size"], (2, SEQ), generator=torch.Generator().manual_seed(3))
     pos = torch.tensor([list(range(SEQ)), [*range(SEQ // 2), *range(SEQ - SEQ // 2)]])  # row 2: two samples
