@@ -428,6 +428,9 @@ def build_dataset(cfg: Config, tokenizer):
     stats["data/no_labels_dropped"] = trained.count(False)
     if not all(trained):
         ds = ds.select([i for i, t in enumerate(trained) if t])
+        log.info("data: %d of %d samples have no label to train on within seq_len=%d (data.assistant_only=%s): "
+                 "dropped (data/no_labels_dropped)", trained.count(False), len(trained), cfg.seq_len,
+                 str(d.assistant_only).lower())
     if len(ds) == 0:
         raise DataError(f"data={d.kind.value}: no sample has a token to train on within seq_len={cfg.seq_len} "
                         "(data.assistant_only=true trains on assistant turns only); raise seq_len")
