@@ -23,22 +23,7 @@
 # measured cells per backend, as in 2026-11-26_best.
 set -u
 LIMIT_S=${LIMIT_S:-570}; source "$(dirname "$0")/device_setup.sh" "$@"  # wheels, environment, t0
-R=/tmp/runs; mkdir -p $R; echo "=== call $2 at commit $1" >> $R/log.txt
-nvidia-smi --query-gpu=index,name,clocks.sm,clocks.max.sm,power.limit,temperature.gpu --format=csv \
-  > $OUT/gpu_$2.csv
-left() { echo $((LIMIT_S - (SECONDS - t0))); }
-sweep() {  # sweep <gpu> <name> <train.py arguments...>: once, resumed until it finishes
-  local gpu=$1 name=$2; shift 2
-  [ -f $R/$name/done ] && return 0
-  [ "$(left)" -lt 90 ] && return 1
-  echo "== gpu $gpu $name: $*" >> $R/log_$gpu.txt
-  CUDA_VISIBLE_DEVICES=$gpu timeout -s INT $(left) python3 train.py "$@" sweep.deadline_s=$(( $(left) - 15 )) \
-    hydra.sweep.dir=$R/$name >> $R/log_$gpu.txt 2>&1
-  local rc=$?  # 124: the backstop cut it; 4: stopped before the deadline; 2: a cell failed
-  echo "gpu $gpu $name: exit $rc after $((SECONDS - t0)) s" | tee -a $R/log_$gpu.txt
-  [ $rc -ne 124 ] && [ $rc -ne 4 ] && touch $R/$name/done
-  [ $rc -ne 124 ] && [ $rc -ne 4 ]
-}
+source "$(dirname "$0")/gpu_lists.sh" "$@"  # /tmp/runs, the clocks, left, sweep, pack_call
 search="-m +experiment=tune gpu=a10 train.max_steps=14 train.untimed_steps=4 search.max_cells=10 seq_len=1024"
 best="-m +experiment=seed_optimum gpu=a10 seq_len=1024 model=llama-3.1-8b backend=fast batch=8
   train.gradient_checkpointing=true train.checkpoint_fraction=0.25 train.offload_fraction=0.25

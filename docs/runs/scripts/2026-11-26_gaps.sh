@@ -24,22 +24,7 @@
 # 2026-11-26_four. Profiled cells: 16 steps, 4 untimed, 2 profiled.
 set -u
 LIMIT_S=${LIMIT_S:-540}; source "$(dirname "$0")/device_setup.sh" "$@"  # wheels, ShareGPT, environment, t0
-R=/tmp/runs; mkdir -p $R; echo "=== call $2 at commit $1" >> $R/log.txt; touch $R/.start_$2
-nvidia-smi --query-gpu=index,name,clocks.sm,clocks.max.sm,power.limit,temperature.gpu --format=csv \
-  > $OUT/gpu_$2.csv
-left() { echo $((LIMIT_S - (SECONDS - t0))); }
-sweep() {  # sweep <gpu> <name> <train.py arguments...>: once, resumed until it finishes
-  local gpu=$1 name=$2; shift 2
-  [ -f $R/$name/done ] && return 0
-  [ "$(left)" -lt 90 ] && return 1
-  echo "== gpu $gpu $name: $*" >> $R/log_$gpu.txt
-  CUDA_VISIBLE_DEVICES=$gpu timeout -s INT $(left) python3 train.py "$@" sweep.deadline_s=$(( $(left) - 15 )) \
-    hydra.sweep.dir=$R/$name >> $R/log_$gpu.txt 2>&1
-  local rc=$?  # 124: the backstop cut it; 4: stopped before the deadline; 2: a cell failed
-  echo "gpu $gpu $name: exit $rc after $((SECONDS - t0)) s" | tee -a $R/log_$gpu.txt
-  [ $rc -ne 124 ] && [ $rc -ne 4 ] && touch $R/$name/done
-  [ $rc -ne 124 ] && [ $rc -ne 4 ]
-}
+source "$(dirname "$0")/gpu_lists.sh" "$@"  # /tmp/runs, the clocks, left, sweep, pack_call
 search="-m +experiment=tune train.max_steps=14 train.untimed_steps=4 search.max_cells=10"
 prof="-m +experiment=seed_optimum train.max_steps=16 train.untimed_steps=4 train.profile_steps=2"
 off="train.gradient_checkpointing=false"
@@ -70,8 +55,4 @@ gpu3() {
 # Staggered starts: each list's first model build and data tokenisation off the others' (a busy host
 # slowed the first cells of 2026-11-26_four's lists).
 gpu0 & { sleep 20; gpu1; } & { sleep 40; gpu2; } & { sleep 60; gpu3; } & wait
-echo "call $2: exit after $((SECONDS - t0)) s" | tee -a $R/log.txt
-# What this call wrote (earlier calls' files came back with them), without weights, checkpoints or pages.
-(cd $R && find . -type f -newer .start_$2 ! -name '*.pt' ! -name '*.safetensors' ! -name '*.html' ! -name '*.png' \
-  ! -path '*checkpoint-*' | tar czf $OUT/$2.tgz -T -)
-ls -la $OUT
+pack_call $2

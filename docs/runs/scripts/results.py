@@ -916,7 +916,8 @@ def gaps_section() -> str:
         [(f"gemma-2-9b, {bk}", f"gemma-2-9b_{bk}") for bk in ("fast", "unsloth")] + \
         [(f"packed ShareGPT, seq {q}, {bk}", f"sg_s{q}_{bk}") for q in GAP_SEQS for bk in ("hf", "fast")]
     every = "\n\n".join(f"{t}:\n\n{an.search_table(load_searches(d / sw))}" for t, sw in sweeps)
-    m, s2, f512 = b["m7_s1024_auto"], b["m7_s2048_a10"], four_bests()["mistral-7b s512 auto"]
+    m, s2 = b["m7_s1024_auto"], b["m7_s2048_a10"]
+    f512 = {k: four_best(f"mistral-7b_s512_auto_{k}", k) for k in ("fast", "unsloth")}
     g_cfg = load_cells(d / "gemma-2-9b_fast")[0].config
     heads, seq = g_cfg["model"]["num_attention_heads"], g_cfg["seq_len"]
     t = next(iter(p.values())).config["train"]
@@ -1032,8 +1033,7 @@ def glance() -> str:
     hb = head_bests()
     cuts = [chunk_cut(head_rows(), m, "4096") for m in ("llama-3.1-8b", "qwen2.5-7b", "qwen3-8b")]
     fb = four_bests()
-    gb = {sw: {k: gap_best(f"{sw}_{k}", k) for k in ("hf", "fast", "unsloth") if (RUNS / GAPS / f"{sw}_{k}").is_dir()}
-          for sw in ("m7_s1024_auto", "m7_s2048_a10", "gemma-2-9b", "sg_s512", "sg_s1024", "sg_s2048")}
+    gb = gap_bests()
     return "\n".join([
         f"- Newest, one 4 x {gap_gpu(0)} machine, each backend searched: Gemma-2-9B (22 GiB, seq 1024) fast "
         f"{_x(gb['gemma-2-9b']['fast'], gb['gemma-2-9b']['unsloth'])} Unsloth's best (Unsloth leads); Mistral-7B on the "

@@ -1,0 +1,27 @@
+# Sourced, with <commit> <call>, after device_setup.sh by the scripts that run one list per GPU of a
+# several-GPU machine in consecutive calls (2026-11-26_four.sh, _gaps.sh, _flex.sh): dirs in /tmp/runs (kept
+# by the warm machine), the GPUs' clocks recorded, `left` (seconds before LIMIT_S), `sweep` (one train.py
+# command that a later call resumes or passes over) and `pack_call` (what this call wrote, into $OUT/<call>.tgz).
+R=/tmp/runs; mkdir -p $R; echo "=== call $2 at commit $1" >> $R/log.txt; touch $R/.start_$2
+nvidia-smi --query-gpu=index,name,clocks.sm,clocks.max.sm,power.limit,temperature.gpu --format=csv \
+  > $OUT/gpu_$2.csv
+left() { echo $((LIMIT_S - (SECONDS - t0))); }
+sweep() {  # sweep <gpu> <name> <train.py arguments...>: once, resumed until it finishes
+  local gpu=$1 name=$2; shift 2
+  [ -f $R/$name/done ] && return 0
+  [ "$(left)" -lt 90 ] && return 1
+  echo "== gpu $gpu $name: $*" >> $R/log_$gpu.txt
+  CUDA_VISIBLE_DEVICES=$gpu timeout -s INT $(left) python3 train.py "$@" sweep.deadline_s=$(( $(left) - 15 )) \
+    hydra.sweep.dir=$R/$name >> $R/log_$gpu.txt 2>&1
+  local rc=$?  # 124: the backstop cut it; 4: stopped before the deadline; 2: a cell failed
+  echo "gpu $gpu $name: exit $rc after $((SECONDS - t0)) s" | tee -a $R/log_$gpu.txt
+  [ $rc -ne 124 ] && [ $rc -ne 4 ] && touch $R/$name/done
+  [ $rc -ne 124 ] && [ $rc -ne 4 ]
+}
+pack_call() {  # pack_call <call>: what this call wrote (earlier calls' files came back with them), without
+  # weights, checkpoints or pages
+  echo "call $1: exit after $((SECONDS - t0)) s" | tee -a $R/log.txt
+  (cd $R && find . -type f -newer .start_$1 ! -name '*.pt' ! -name '*.safetensors' ! -name '*.html' ! -name '*.png' \
+    ! -path '*checkpoint-*' | tar czf $OUT/$1.tgz -T -)
+  ls -la $OUT
+}
