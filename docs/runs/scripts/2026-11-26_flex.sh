@@ -46,12 +46,16 @@ gpu2() {
   local ck="train.gradient_checkpointing=true train.checkpoint_fraction"
   sweep 2 prof_s2048_hf $p seq_len=2048 backend=hf batch=6 $ck=1
   sweep 2 prof_s2048_fast $p seq_len=2048 backend=fast batch=4 $ck=0.25 train.offload_fraction=0.25
-  sweep 2 prof_sg1024_hf $p $sg seq_len=1024 backend=hf batch=12 $ck=1
-  sweep 2 prof_sg1024_fast $p $sg seq_len=1024 backend=fast batch=6 $ck=0.25 train.offload_fraction=0
+}
+prof_sg() {  # hf's and fast's bests of 2026-11-26_gaps on packed ShareGPT at seq 1024, profiled
+  local p="-m +experiment=seed_optimum train.max_steps=16 train.untimed_steps=4 train.profile_steps=2 gpu=a10"
+  local ck="train.gradient_checkpointing=true train.checkpoint_fraction"
+  sweep $1 prof_sg1024_hf $p $sg seq_len=1024 backend=hf batch=12 $ck=1
+  sweep $1 prof_sg1024_fast $p $sg seq_len=1024 backend=fast batch=6 $ck=0.25 train.offload_fraction=0
 }
 gpu3() {
   packed 3 2048
-  grep -q H100 $OUT/gpu_$2.csv || return 0
+  grep -q H100 $OUT/gpu_$2.csv || { prof_sg 3; return 0; }  # on H200s, GPU 3 takes gpu 2's second pair
   for b in fast unsloth; do sweep 3 m7_s512_auto_$b $search gpu=auto seq_len=512 backend=$b; done
 }
 # Staggered starts: each list's first model build and data tokenisation off the others'.
