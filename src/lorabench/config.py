@@ -534,7 +534,8 @@ class BackendConfig:
     # score_mod inside the kernel. SDPA has no soft-cap, so Gemma-2 runs transformers' eager attention, which
     # keeps for the backward the capped scores' tanh (bf16), their fp32 softmax and its bf16 copy: 8 bytes x
     # heads x seq^2 per row and layer, 128 MiB a row per layer for Gemma-2-9B at seq 1024 (16 heads), 5.25
-    # GiB a row over its 42 layers. Flex attention keeps one float per query and head. Off in fast until measured.
+    # GiB a row over its 42 layers. Flex attention keeps one float per query and head. On in fast: Gemma-2-9B's
+    # best within 22 GiB at seq 1024 is faster with it than with eager attention (docs/results.md, flex section).
     flex_attention: bool = False
     # The optimizer updates the LoRA adapters as one flat tensor (lorabench.flat_optim): the same
     # arithmetic, one launch per step instead of one per adapter tensor (256 at r16 on q/k/v/o), each

@@ -16,10 +16,10 @@
 #          Unsloth's searches
 #   gpu 2  packed ShareGPT at seq 512: fast's and Unsloth's searches; then hf's and fast's bests of
 #          2026-11-26_gaps profiled side by side (issue 35's 2.2x over hf, missed): seq 2048 fixed-length rows
-#          (hf b6 every layer recomputed, fast b4 0.25 recomputed / 0.25 offloaded) and packed ShareGPT at seq 1024
-#          (hf b12 every layer, fast b6 0.25 recomputed)
-#   gpu 3  packed ShareGPT at seq 2048: fast's and Unsloth's searches; then, on an H100 machine only, Mistral-7B
-#          at seq 512 on the whole GPU: fast's and Unsloth's searches
+#          (hf b6 every layer recomputed, fast b4 0.25 recomputed / 0.25 offloaded)
+#   gpu 3  packed ShareGPT at seq 2048: fast's and Unsloth's searches; then on an H100 machine Mistral-7B at seq
+#          512 on the whole GPU (fast's and Unsloth's searches), on H200s the profiles of packed ShareGPT at seq
+#          1024 (hf b12 every layer, fast b6 0.25 recomputed)
 # Searches as in 2026-11-26_gaps (+experiment=tune, 14 steps of which 4 untimed, at most 10 measured cells).
 set -u
 LIMIT_S=${LIMIT_S:-540}; source "$(dirname "$0")/device_setup.sh" "$@"  # wheels, ShareGPT, environment, t0
