@@ -98,11 +98,12 @@ def test_fast_parts_are_checked_against_the_architecture(model_type):
 
 
 def test_every_key_of_backend_fast_is_a_part_of_the_table():
-    """The home lists every part backend=fast turns on (conf/backend/fast.yaml), each with a stage, once."""
+    """The home lists every part backend=fast turns on (conf/backend/fast.yaml), each with a stage, once
+    (fit_parts is how the parts are checked, not a part)."""
     from conftest import CONF
 
     fast = OmegaConf.load(CONF / "backend" / "fast.yaml")  # (global package: backend.* and data.packing)
-    keys = (set(fast.backend) - {"name"}) | ({"packing"} if fast.data.packing else set())
+    keys = (set(fast.backend) - {"name", "fit_parts"}) | ({"packing"} if fast.data.packing else set())
     listed = [p.key for p in fastpath.PARTS]
     assert keys <= set(listed) and len(listed) == len(set(listed)), keys - set(listed)
     assert [p.key for p in fastpath.parts_on(fast_cfg("backend.liger=[rope]"))] == \
@@ -278,9 +279,11 @@ def test_flex_attention_leaves_attention_without_a_soft_cap_and_cells_off_cuda_a
         assert model.config._attn_implementation == "eager"
 
 
-def test_a_refused_architecture_is_a_skipped_cell_with_exit_code_5(tmp_path):
-    """Through the entry point's cell: a Gemma-2 checkpoint (config.json and safetensors) under backend=fast is
-    skipped before its weights are read, with the one line naming the part; exit code 5."""
+def test_a_part_the_architecture_lacks_is_refused_by_name_or_turned_off_and_recorded(tmp_path):
+    """Through the entry point's cell: a Gemma-2 checkpoint (config.json and safetensors) under backend=fast
+    with backend.fit_parts=false is skipped before its weights are read, with the one line naming the part
+    (exit code 5); with fast's own fit_parts the cell trains with those parts off, and its result says which,
+    why, and records the config that ran."""
     from transformers import AutoModelForCausalLM
 
     hf = arch_config("gemma2")
@@ -288,10 +291,19 @@ def test_a_refused_architecture_is_a_skipped_cell_with_exit_code_5(tmp_path):
     AutoModelForCausalLM.from_config(hf).save_pretrained(tmp_path / "gemma2")
     # Synthetic rows within the checkpoint's positions: Gemma's tokenizer ships in no package (chat data would be
     # refused first, as failed).
-    result = run_in_process(["backend=fast", "backend.liger=[]", f"model.path={tmp_path / 'gemma2'}", "data=synthetic",
-                             f"seq_len={hf.max_position_embeddings}", "train.max_steps=2"], tmp_path / "run")
+    args = ["backend=fast", "backend.liger=[]", f"model.path={tmp_path / 'gemma2'}", "data=synthetic",
+            f"seq_len={hf.max_position_embeddings}", "train.max_steps=2"]
+    result = run_in_process([*args, "backend.fit_parts=false"], tmp_path / "refused")
     assert result.status.value == "skipped" and result.exit_code == 5, result.error
     assert result.error.startswith("backend=fast: varlen_attention is flash attention, without logit soft-capping")
+    result = run_in_process(args, tmp_path / "fitted")
+    assert result.ok, result.error
+    off = result.model["parts_off"]
+    assert list(off) == ["backend.varlen_attention=false", "backend.fused_add_norm=false"], off
+    assert f"caps attention logits at {hf.attn_logit_softcapping:g}" in off["backend.varlen_attention=false"]
+    assert "gemma2 has sandwich norms" in off["backend.fused_add_norm=false"]
+    ran = result.config["backend"]
+    assert ran["varlen_attention"] is False and ran["fused_add_norm"] is False and ran["fused_lora"] is True
 
 
 HAS_LIGER = importlib.util.find_spec("liger_kernel") is not None and importlib.util.find_spec("triton") is not None

@@ -504,6 +504,11 @@ class BackendConfig:
     # [tokens x 32768] fp32 logits are never stored. Each backend.* part of the fast path, what it needs
     # and the order it goes in: lorabench.fastpath.PARTS.
     liger: List[str] = field(default_factory=list)
+    # A part of the fast path that the model's architecture lacks a feature for (Gemma-2's sandwich norms
+    # for fused_add_norm, its soft-capped attention for varlen_attention...) is turned off for the cell,
+    # logged and recorded (metrics.json: model.parts_off), instead of the cell refused (skipped, exit 5).
+    # Either way the model is hf's; on, a sweep over models runs each with the parts it can take.
+    fit_parts: bool = False
     # Liger's fused linear cross-entropy (chunk_mem_const): each chunk's logits at most this many times
     # [tokens x hidden] elements. Liger's 1 cuts Llama-3's 128,256-word head at 4,096 tokens x 4,096
     # hidden into 32 chunks of 128 rows, whose input-gradient GEMMs ([128 x 128,256] x [128,256 x 4,096])

@@ -3,8 +3,9 @@ and the order in which the parts go into the model.
 
 Each part is one BackendConfig key (the table PARTS, in the order the parts are applied). A part needs
   - architecture features it supports, read from the model's transformers config (`features`: the only
-    place that reads them); where the architecture has one it lacks, the cell is skipped (exit 5) with one
-    line naming the part and the feature: the fast path is exact or refused, never a different model;
+    place that reads them); where the architecture has one it lacks, the part is turned off for the cell
+    (`fit`, backend.fit_parts: logged and recorded) or the cell is skipped (exit 5) with one line naming the
+    part and the feature: the fast path is exact or refused, never a different model;
   - CUDA (`Cuda`): some parts are CUDA kernels with the same arithmetic in PyTorch elsewhere (FALLBACK),
     some only exist on CUDA and leave the model as it is elsewhere (ONLY), Liger's need it (REQUIRED);
   - other parts (`through`): a part that acts through another does nothing without it (logged).
@@ -17,6 +18,7 @@ architecture to it (fp32 on CPU; bf16 with Liger on a GPU).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
 import functools
 import importlib
@@ -125,9 +127,14 @@ LIGER_ACTIVATION = {"swiglu": ("silu", "swish"), "geglu": ("gelu_pytorch_tanh",)
 
 @dataclass(frozen=True)
 class Refusal:
-    """Why a part cannot compute the architecture's model, and the setting that leaves it out."""
+    """Why a part cannot compute the architecture's model, and the backend values that leave it out."""
     reason: str
-    fix: str
+    off: dict  # {BackendConfig key: value}: {"fused_add_norm": False}, {"liger": ["rms_norm", ...]}
+
+    @property
+    def fix(self) -> str:
+        show = lambda v: f"[{','.join(v)}]" if isinstance(v, list) else str(v).lower()  # noqa: E731
+        return ", ".join(f"backend.{k}={show(v)}" for k, v in self.off.items())
 
 
 # The attentions lorabench.fused's forward computes as transformers writes them (q/k/v bias, QK-norm,
@@ -143,8 +150,8 @@ def _liger_lacks(f: Features, c: Config) -> Refusal | None:
     patch = LIGER.get(f.model_type)
     if patch is None:
         return Refusal(f"has no Liger patch for {f.model_type or 'this model'} (it has {', '.join(LIGER)})",
-                       "backend.liger=[]")
-    without = lambda op: f"backend.liger=[{','.join(o for o in ops if o != op)}]"  # noqa: E731
+                       {"liger": []})
+    without = lambda op: {"liger": [o for o in ops if o != op]}  # noqa: E731
     if "rope" in ops and f.rotary_fraction < 1:
         return Refusal(f"rope rotates the whole head; {f.model_type} rotates {f.rotary_fraction:g} of it "
                        "(partial_rotary_factor)", without("rope"))
@@ -171,7 +178,7 @@ def _forward_lacks(key: str, what: str) -> Refusal | None:
         import transformers
 
         return Refusal(f"computes transformers {FORWARDS_OF}'s {what}; transformers {transformers.__version__} "
-                       "is installed", f"backend.{key}=false")
+                       "is installed", {key: False})
     return None
 
 
@@ -180,20 +187,20 @@ def _attention_lacks(f: Features, c: Config) -> Refusal | None:
         return version
     if f.model_type not in ATTENTION:
         return Refusal(f"computes the attention of {'/'.join(ATTENTION)}; {f.model_type} is not among them",
-                       "backend.fused_lora=false")
+                       {"fused_lora": False})
     if f.bidirectional:
         return Refusal(f"computes causal attention; this {f.model_type} attends both ways "
-                       "(use_bidirectional_attention)", "backend.fused_lora=false")
+                       "(use_bidirectional_attention)", {"fused_lora": False})
     return None
 
 
 def _mlp_lacks(f: Features, c: Config) -> Refusal | None:
     if f.moe:
         return Refusal(f"computes dense gated MLPs; {f.model_type} routes tokens to experts (MoE)",
-                       "backend.fused_mlp=false")
+                       {"fused_mlp": False})
     if f.model_type not in ATTENTION:
         return Refusal(f"computes the gated MLPs of {'/'.join(ATTENTION)}; {f.model_type} is not among them",
-                       "backend.fused_mlp=false")
+                       {"fused_mlp": False})
     return None
 
 
@@ -202,25 +209,25 @@ def _add_norm_lacks(f: Features, c: Config) -> Refusal | None:
         return version
     if f.sandwich_norms:
         return Refusal(f"computes Mistral's decoder layer ({'/'.join(MISTRAL_LAYERS)}); {f.model_type} has "
-                       "sandwich norms", "backend.fused_add_norm=false")
+                       "sandwich norms", {"fused_add_norm": False})
     if f.model_type not in MISTRAL_LAYERS:
         return Refusal(f"computes Mistral's decoder layer ({'/'.join(MISTRAL_LAYERS)}); {f.model_type} is not "
-                       "among them", "backend.fused_add_norm=false")
+                       "among them", {"fused_add_norm": False})
     if f.resid_dropout:
         return Refusal(f"computes a decoder layer without residual dropout; {f.model_type} drops "
-                       f"{f.resid_dropout:g} (resid_pdrop)", "backend.fused_add_norm=false")
+                       f"{f.resid_dropout:g} (resid_pdrop)", {"fused_add_norm": False})
     return None
 
 
 def _varlen_lacks(f: Features, c: Config) -> Refusal | None:
     if f.attn_softcap is not None:
         return Refusal(f"is flash attention, without logit soft-capping; {f.model_type} caps attention "
-                       f"logits at {f.attn_softcap:g}", "backend.varlen_attention=false")
+                       f"logits at {f.attn_softcap:g}", {"varlen_attention": False})
     if f.bidirectional:
-        return Refusal(f"is causal; this {f.model_type} attends both ways", "backend.varlen_attention=false")
+        return Refusal(f"is causal; this {f.model_type} attends both ways", {"varlen_attention": False})
     if f.head_dim > 256:
         return Refusal(f"is flash attention (head_dim <= 256); {f.model_type} has head_dim {f.head_dim}",
-                       "backend.varlen_attention=false")
+                       {"varlen_attention": False})
     return None
 
 
@@ -411,6 +418,21 @@ def check_sharded(c: Config) -> None:
         if part.unsharded:
             raise CellSkipped(f"backend={c.backend.name.value}: {part.key} {part.unsharded}; it cannot run with "
                               f"train.parallel=fsdp (use train.parallel=ddp, or backend.{part.key}=false)")
+
+
+def fit(c: Config) -> tuple[Config, dict[str, str]]:
+    """backend.fit_parts: each part this architecture lacks a feature for is turned off (its Refusal's values)
+    instead of the cell refused; the model computed is hf's either way, only slower where a part is off.
+    Returns the config the cell runs with and {the setting applied: why}, each logged, for the result."""
+    if not c.backend.fit_parts or not parts_on(c):
+        return c, {}
+    f, off = features(hf_config(c)), {}
+    while (hit := next(((p, r) for p in parts_on(c) if (r := p.lacks(f, c)) is not None), None)) is not None:
+        part, refusal = hit
+        c = dataclasses.replace(c, backend=dataclasses.replace(c.backend, **refusal.off))
+        off[refusal.fix] = f"{part.key} {refusal.reason}"
+        log.info("backend.fit_parts: %s (%s %s)", refusal.fix, part.key, refusal.reason)
+    return c, off
 
 
 def check_parts(c: Config, hf, device: torch.device) -> None:

@@ -54,8 +54,18 @@ class Watch:
 
 def measure(c: Config, run_dir: Path, result: CellResult, logger: MetricLogger, rank: int = 0) -> dict:
     """Data, model and timed training in this process (one DDP rank when launched by torchrun)."""
-    with backends.module_patches(c):  # what a backend patches in transformers is undone after the cell
-        return _measure(c, run_dir, result, logger, rank)
+    asked = c.backend
+    c, off = fastpath.fit(c)  # backend.fit_parts: the parts the architecture lacks a feature for, off
+    if off:  # the recorded config is the one that ran
+        for key in result.config.get("backend", {}):
+            if getattr(c.backend, key, None) != getattr(asked, key, None):
+                result.config["backend"][key] = getattr(c.backend, key)
+    try:
+        with backends.module_patches(c):  # what a backend patches in transformers is undone after the cell
+            return _measure(c, run_dir, result, logger, rank)
+    finally:
+        if off and result.model is not None:
+            result.model["parts_off"] = off  # {"backend.fused_add_norm=false": "fused_add_norm computes ..."}
 
 
 def _measure(c: Config, run_dir: Path, result: CellResult, logger: MetricLogger, rank: int) -> dict:
