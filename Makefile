@@ -20,21 +20,19 @@ PY := .venv/bin/python
 	$(PY) -m pip install -q --no-compile -e '.[dev,tokenizers]'  # tokenizers: Llama-3's, Qwen's and Phi-4's, offline
 	touch $@
 
-# The tests start many Python processes, each importing torch and transformers: byte-compiled once here (on
-# every core), read by each. Where PYTHONDONTWRITEBYTECODE=1 (this workplace, CI) a process would otherwise
-# compile them again from source. A file for another Python (torch's py312_intrinsics.py) fails to compile:
-# compileall's exit code 1 is not an error here (pip's own compile passes it over too).
-.venv/.compiled: .venv/.installed
-	$(PY) -m compileall -q -j 0 .venv/lib >/dev/null || true
-	touch $@
+# The tests start many Python processes, each importing torch and transformers: the first to import a module
+# writes its bytecode, the others read it. Where PYTHONDONTWRITEBYTECODE=1 (this workplace, CI) every process
+# would compile them again from source; unset for the recipes, only the modules imported are compiled (a
+# compileall of .venv/lib, every module, took longer than the tests it saved).
+unexport PYTHONDONTWRITEBYTECODE
 
 demo: .venv/.installed
 	$(PY) train.py
 
-test: .venv/.compiled
+test: .venv/.installed
 	$(PY) -m pytest -n 2 --dist worksteal -m "not browser and not slow and not image"  # worksteal: the long tests do not queue behind one worker
 
-test-slow: .venv/.compiled
+test-slow: .venv/.installed
 	$(PY) -m pytest -n 2 --dist worksteal -m "slow and not browser"
 
 test-all: test-slow test

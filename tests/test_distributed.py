@@ -167,6 +167,7 @@ def test_a_rank_s_oom_keeps_its_peak_and_the_device_size_in_the_cell_s_record(tm
     assert result.metrics == {"mem/peak_reserved_gib": 138.8, "mem/device_total_gib": 139.8}
 
 
+@pytest.mark.slow  # make test-slow (CI runs it): kept out of make test's 3 minutes on 2 cores
 def test_an_unsloth_rank_imports_unsloth_before_what_it_patches(tmp_path):
     """Unsloth patches transformers, peft and trl as they are imported, and warns that it "may run slower" when
     transformers came first. lorabench.worker, the process of an Unsloth cell, imports unsloth before any of

@@ -76,6 +76,7 @@ def texts(fig):
             if t.get_visible() and t.get_text().strip() and id(t) not in hidden]
 
 
+@pytest.mark.slow  # make test-slow (CI runs it): kept out of make test's 3 minutes on 2 cores
 def test_sixty_cells_with_long_names_stay_legible(tmp_path, monkeypatch):
     """No text is clipped by the figure's edge, none overlaps another, and every cell of the sweep
     is drawn, OOM, failed and skipped ones marked in words."""

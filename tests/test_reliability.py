@@ -123,7 +123,9 @@ def signal_when(proc, steps, after_steps, sig):
     return proc.wait(timeout=180)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+# SIGINT (Ctrl-C) in make test-slow: the same path as SIGTERM but for the signal
+@pytest.mark.parametrize("sig", [pytest.param(signal.SIGINT, marks=pytest.mark.slow), signal.SIGTERM],
+                         ids=["SIGINT", "SIGTERM"])
 def test_a_signal_during_cell_2_of_3_stops_the_sweep_after_it(tmp_path, sig):
     """Ctrl-C behaves as SIGTERM: the step under way ends, a checkpoint is written, the cell is
     interrupted, no further cell starts, and the sweep writes its report and its closing line (exit
@@ -143,6 +145,7 @@ def test_a_signal_during_cell_2_of_3_stops_the_sweep_after_it(tmp_path, sig):
     assert (sweep / "results.md").exists() and "Traceback" not in out + err and "KeyboardInterrupt" not in out + err
 
 
+@pytest.mark.slow  # make test-slow (CI runs it): kept out of make test's 3 minutes on 2 cores
 def test_a_sweep_past_its_deadline_starts_no_cell_and_the_same_command_without_it_runs_the_rest(tmp_path):
     """sweep.deadline_s: after the first cell, the next, which would end past the deadline (1 ms),
     does not. Report and closing line written, exit code 4, nothing of the cells left behind; the same
