@@ -46,7 +46,8 @@ def expected(tmp_path_factory):
 
 
 # backend.flat_optimizer: the adapters live in the optimizer's flat tensor; checkpoints save and load them
-@pytest.mark.parametrize("flat", [[], ["backend.flat_optimizer=true"]], ids=["", "flat_optimizer"])
+@pytest.mark.parametrize("flat", [[], pytest.param(["backend.flat_optimizer=true"], marks=pytest.mark.slow)],
+                         ids=["", "flat_optimizer"])  # flat_optimizer in make test-slow
 def test_kill_then_rerun_resumes_exactly(tmp_path, expected, flat):
     assert len(expected) == STEPS
 
@@ -95,6 +96,7 @@ def test_sigterm_then_rerun_resumes_exactly_and_a_finished_cell_is_not_rerun(tmp
     assert json.loads((termed / "metrics.json").read_text())["metrics"] == m
 
 
+@pytest.mark.slow  # make test-slow (CI runs it): kept out of make test's 3 minutes on 2 cores
 def test_sigterm_in_a_step_that_outlives_the_grace_period_stops_it_and_the_rerun_resumes(tmp_path, expected):
     """train.sigterm_grace_s=0: the step under way is stopped at once (a step that takes minutes would
     be stopped this way after the grace period), no checkpoint is written for it, and the re-run resumes

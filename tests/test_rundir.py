@@ -327,6 +327,7 @@ class FileSizeLimited(Forked):
         super()._child(cwd, env)
 
 
+@pytest.mark.slow  # make test-slow (CI runs it): kept out of make test's 3 minutes on 2 cores
 def test_train_py_under_a_file_size_limit_fails_in_one_line_with_whole_files(tmp_path):
     """The whole path as a user meets it: steps.jsonl outgrows the limit mid-run (8 KiB: 35 steps
     of ~230 bytes; metrics.json, ~6 KB, still fits). Exit 2, one line, no traceback on the console,

@@ -259,6 +259,7 @@ def test_diagnostic_experiment_runs_its_six_cells(tmp_path):
     assert "Where the step time goes" in (tmp_path / "report.html").read_text()
 
 
+@pytest.mark.slow  # make test-slow (CI runs it): kept out of make test's 3 minutes on 2 cores
 def test_sizing_skips_cells_larger_than_one_that_ran_out_of_memory(tmp_path):
     """In a multirun, a cell whose seq_len and batch are both no smaller than those of an OOM cell
     with the same configuration is skipped without a model load; others run. (A CPU cannot run out
