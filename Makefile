@@ -29,10 +29,7 @@ unexport PYTHONDONTWRITEBYTECODE
 demo: .venv/.installed
 	$(PY) train.py
 
-# One process imports what every test process will (and writes its bytecode) before the two workers start,
-# so that they do not both compile the same modules at once.
 test: .venv/.installed
-	$(PY) -c "import lorabench.loop, lorabench.report, lorabench.search"
 	$(PY) -m pytest -n 2 --dist worksteal -m "not browser and not slow and not image"  # worksteal: the long tests do not queue behind one worker
 
 test-slow: .venv/.installed
