@@ -291,6 +291,7 @@ def test_unsloth_cell_trains_on_packed_rows_on_gpu(tmp_path):
     assert len(losses) == 12 and losses[-1] < losses[0]
 
 
+@pytest.mark.slow  # make test-slow (CI runs it): kept out of make test's 3 minutes on 2 cores
 def test_backend_sweep_report_compares_speed_and_loss_curves(tmp_path, float64):
     """A backend sweep on CPU (fast without its CUDA kernels and without packing, so both cells see
     the same batches; run in this process, laid out as a multirun's cells): the report names each

@@ -99,6 +99,7 @@ def test_two_node_cell_matches_one_process_at_the_doubled_batch(tmp_path):
     assert node1["status"] == "ok" and node1["dist"]["node"] == 1 and "perf/tokens_per_s" not in node1["metrics"]
 
 
+@pytest.mark.slow  # make test-slow (CI runs it): kept out of make test's 3 minutes on 2 cores
 def test_one_process_launch_runs_the_worker_without_torchrun(tmp_path, monkeypatch):
     """The launcher's one-process mode (a backend=unsloth cell's own process): `python -m
     lorabench.worker <run dir>` as rank 0, no torchrun. The child is run here, in this process

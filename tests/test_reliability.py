@@ -73,6 +73,7 @@ def test_a_rerun_after_a_kill_before_any_checkpoint_starts_one_fresh_history(tmp
     assert [s["step"] for s in read_steps(run_dir)] == list(range(1, STEPS + 1)) and losses(run_dir) == expected
 
 
+@pytest.mark.slow  # make test-slow (CI runs it): kept out of make test's 3 minutes on 2 cores
 def test_sigterm_then_rerun_resumes_exactly_and_a_finished_cell_is_not_rerun(tmp_path, expected, capsys):
     # SIGTERM without periodic checkpoints: one is written at the end of the current step
     termed = tmp_path / "termed"

@@ -100,6 +100,7 @@ def test_card_multirun_leaves_one_result_per_cell(tmp_path):
     assert len((tmp_path / "results.csv").read_text().splitlines()) == 5
 
 
+@pytest.mark.slow  # make test-slow (CI runs it): kept out of make test's 3 minutes on 2 cores
 def test_synthetic_tokens_count_exactly_and_a_partial_sweep_still_reports(tmp_path):
     """Two cells laid out as a multirun's (in this process: the CLI's multirun is test_card_multirun's)."""
     for n, seq_len in enumerate((24, 40)):
