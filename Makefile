@@ -23,16 +23,23 @@ PY := .venv/bin/python
 # The tests start many Python processes, each importing torch and transformers: the first to import a module
 # writes its bytecode, the others read it. Where PYTHONDONTWRITEBYTECODE=1 (this workplace, CI) every process
 # would compile them again from source; unset for the recipes, only the modules imported are compiled (a
-# compileall of .venv/lib, every module, took longer than the tests it saved).
+# compileall of .venv/lib, every module, took longer than the tests it saved). The largest that every test
+# process imports are compiled first, on every core, so that the two test workers do not both compile them.
 unexport PYTHONDONTWRITEBYTECODE
+SITE = $(wildcard .venv/lib/python3*/site-packages)
+TRANSFORMERS_UNUSED := /transformers/models/(?!(auto|llama|mistral|qwen2|qwen3|qwen3_moe|mixtral|gemma|gemma2|gemma3|phi3)/)
+.venv/.compiled: .venv/.installed
+	$(PY) -m compileall -q -j 0 -x '$(TRANSFORMERS_UNUSED)|/tests?/|/testing/' \
+		$(addprefix $(SITE)/,torch transformers peft bitsandbytes accelerate) >/dev/null || true
+	touch $@
 
 demo: .venv/.installed
 	$(PY) train.py
 
-test: .venv/.installed
+test: .venv/.compiled
 	$(PY) -m pytest -n 2 --dist worksteal -m "not browser and not slow and not image"  # worksteal: the long tests do not queue behind one worker
 
-test-slow: .venv/.installed
+test-slow: .venv/.compiled
 	$(PY) -m pytest -n 2 --dist worksteal -m "slow and not browser"
 
 test-all: test-slow test
