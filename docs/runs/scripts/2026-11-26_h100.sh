@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # What 2026-11-26_flex left, on one H100 (device tool kind nvidia-h100-x1: only an H100 comes), in consecutive
 # calls on the same warm machine:
-#   source docs/runs/scripts/device_setup.sh <commit> c0     (carry .whl, .whl_unsloth, .gpudata: installs them)
+#   source docs/runs/scripts/device_setup.sh <commit> c0     (carry .whl, .whl_unsloth, .gpudata: installs them;
+#                                                             .whl_unsloth holds xformers 0.0.35 (torch >= 2.10)
+#                                                             from now on: Unsloth's attention, packed rows too,
+#                                                             through its xformers path, as Unsloth recommends)
 #   bash docs/runs/scripts/2026-11-26_h100.sh <commit> c1     (carry .whl_b: installs it, then measures)
 #   bash docs/runs/scripts/2026-11-26_h100.sh <commit> c2, c3 (carry nothing)
 # One list, its steps in order; every call runs it from the top, passing over a step that finished (its dir
@@ -21,6 +24,11 @@
 set -u
 LIMIT_S=${LIMIT_S:-540}; source "$(dirname "$0")/device_setup.sh" "$@"  # wheels, ShareGPT, environment, t0
 source "$(dirname "$0")/gpu_lists.sh" "$@"  # /tmp/runs, the clocks, left, sweep, pack_call
+# Whether xformers imports and runs here (Unsloth takes it where it does): once per machine, in xformers.txt
+[ -f $R/xformers.txt ] || python3 -c "import torch, xformers, xformers.ops as xo
+q = torch.randn(1, 64, 8, 64, device='cuda', dtype=torch.bfloat16)
+xo.memory_efficient_attention(q, q, q); print('xformers', xformers.__version__, 'runs on', torch.cuda.get_device_name())" \
+  > $R/xformers.txt 2>&1; tail -1 $R/xformers.txt
 search="-m +experiment=tune train.max_steps=14 train.untimed_steps=4 search.max_cells=10"
 prof="-m +experiment=seed_optimum train.max_steps=16 train.untimed_steps=4 train.profile_steps=2 gpu=a10"
 ck="train.gradient_checkpointing=true train.checkpoint_fraction"

@@ -1078,10 +1078,11 @@ def flex_section() -> str:
         "end to end with their lengths (`packed_seq_lengths`, its padding-free input):", "",
         packed, "",
         "**fast over Unsloth's best on packed rows >= 1.15x: met at every seq_len, with a caveat.** Unsloth's packed "
-        "bests are far below its fixed-length ones of the sections below: on this machine neither flash-attn nor "
-        "xformers is installed (no wheel for this torch offline), so its attention over packed rows goes through its "
-        "SDPA dispatch (torch's varlen kernel, one SDPA call per run of equal lengths, or a block-diagonal mask). Not "
-        "profiled yet; until it is, read this ratio as against Unsloth without its varlen kernels. The fast / hf "
+        "bests are far below its fixed-length ones of the sections below: neither flash-attn nor xformers was "
+        "installed on this machine (an xformers wheel for this torch is in the package registry; it was not carried), "
+        "so its attention over packed rows went through its SDPA dispatch (torch's varlen kernel, one SDPA call per "
+        "run of equal lengths, or a block-diagonal mask). Not profiled yet; until Unsloth runs with xformers, read "
+        "this ratio as against Unsloth without its varlen kernels. The fast / hf "
         f"column is from {GAPS} (the same rows, the same GPU model, another run).", "",
         f"hf's and fast's bests of {GAPS} profiled again ({p['s2048_hf'].config['train']['max_steps']} steps: "
         f"{p['s2048_hf'].config['train']['untimed_steps']} untimed, {p['s2048_hf'].config['train']['profile_steps']} "
@@ -1092,7 +1093,7 @@ def flex_section() -> str:
         f"The L4 source cell (`+experiment=trl_l4_check`, issue 39) on GPU 1: {lm['perf/tokens_per_s']:,.0f} non-pad "
         f"tok/s, {lm['mem/peak_reserved_gib']:.2f} GiB peak reserved; its profiled step {lm['prof/step_ms']:,.0f} ms "
         f"(timed p50 {1e3 * lm['perf/step_time_p50_s']:,.0f} ms), the device idle {100 * lm['prof/idle_frac']:.0f}% of it "
-        f"(the host busy with the other lists). Projected onto an L4: {float(v['predicted']):,.0f} "
+        f"(three other lists ran on the machine). Projected onto an L4: {float(v['predicted']):,.0f} "
         f"({float(v['predicted_low']):,.0f}-{float(v['predicted_high']):,.0f}) tokens/s against the published "
         f"{float(v['measured']):,.2f}, error {100 * float(v['error']):+.1f}% (docs/projection.md, Validation). Its "
         f"memory does not fit an L4 by this projection ({lm['mem/peak_reserved_gib']:.2f} GiB reserved, "
@@ -1180,7 +1181,7 @@ def glance() -> str:
         f"attention (now on in `backend=fast`) fast {_x(xg['fast flex'], xg['unsloth'])} Unsloth's best, and "
         f"{_x(xg['fast flex'], xg['fast'])} its own best with eager attention; on packed ShareGPT in 22 GiB fast over "
         "Unsloth's best " + ", ".join(f"{_x(xb[f'sg_s{q}']['fast'], xb[f'sg_s{q}']['unsloth'])} at seq {q}" for q in GAP_SEQS)
-        + " (Unsloth without flash-attn or xformers, which this machine lacks: read as such). A published L4 QLoRA run "
+        + " (Unsloth without flash-attn or xformers, neither installed there: read as such). A published L4 QLoRA run "
         f"projected from its cell on the H200: {100 * float(v['error']):+.1f}%. hf's and fast's bests profiled: 2.2x hf "
         "needs fast's step at its device work with no wait (docs/results.md).",
         f"- Before that, one 4 x {gap_gpu(0)} machine, each backend searched: Gemma-2-9B (22 GiB, seq 1024) fast "
