@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # What 2026-11-26_flex left, on one H100 (device tool kind nvidia-h100-x1: only an H100 comes), in consecutive
 # calls on the same warm machine:
-#   source docs/runs/scripts/device_setup.sh <commit> c0     (carry .whl, .whl_unsloth, .gpudata: installs them;
-#                                                             .whl_unsloth holds xformers 0.0.35 (torch >= 2.10)
-#                                                             from now on: Unsloth's attention, packed rows too,
-#                                                             through its xformers path, as Unsloth recommends)
-#   bash docs/runs/scripts/2026-11-26_h100.sh <commit> c1     (carry .whl_b: installs it, then measures)
+#   source docs/runs/scripts/device_setup.sh <commit> c0     (carry .whl and .gpudata: installs them; .whl holds
+#                                                             xformers 0.0.35 (torch >= 2.10) from now on, so
+#                                                             that Unsloth's attention, on packed rows too, takes
+#                                                             its xformers path, as Unsloth recommends)
+#   bash docs/runs/scripts/2026-11-26_h100.sh <commit> c1     (carry .whl_b and .whl_unsloth: installs them, then
+#                                                             measures)
 #   bash docs/runs/scripts/2026-11-26_h100.sh <commit> c2, c3 (carry nothing)
+# (the tracked tree, 37 MiB on disk, and every wheel dir together are over the tool's 64 MiB).
 # One list, its steps in order; every call runs it from the top, passing over a step that finished (its dir
 # holds `done`) and resuming a sweep that the time left stopped. Dirs in /tmp/runs; each call packs what changed
 # into $OUT/<call>.tgz.
