@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # What 2026-11-26_flex left, on one H100 (device tool kind nvidia-h100-x1: only an H100 comes), in consecutive
 # calls on the same warm machine:
-#   source docs/runs/scripts/device_setup.sh <commit> c0     (carry .whl and .gpudata: installs them; .whl holds
-#                                                             xformers 0.0.35 (torch >= 2.10) from now on, so
-#                                                             that Unsloth's attention, on packed rows too, takes
-#                                                             its xformers path, as Unsloth recommends)
+#   source docs/runs/scripts/device_setup.sh <commit> c0     (carry .whl, .whl_xf and .gpudata: installs them;
+#                                                             .whl_xf is xformers 0.0.35 (torch >= 2.10), so that
+#                                                             Unsloth's attention, on packed rows too, takes its
+#                                                             xformers path, as Unsloth recommends; leave it
+#                                                             out if xformers.txt says it does not run)
 #   bash docs/runs/scripts/2026-11-26_h100.sh <commit> c1     (carry .whl_b and .whl_unsloth: installs them, then
 #                                                             measures)
 #   bash docs/runs/scripts/2026-11-26_h100.sh <commit> c2, c3 (carry nothing)
