@@ -449,10 +449,15 @@ def best3_section() -> str:
 HEAD = "2026-11-26_head"  # bash docs/runs/scripts/2026-11-26_head.sh b93a4ae c1 (H100), 06130bd c2|c3 (H200)
 
 
-def head_rows() -> list[dict]:
+def csv_rows(path: Path) -> list[dict]:
     import csv
 
-    return list(csv.DictReader((RUNS / HEAD / "head.csv").open()))
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+def head_rows() -> list[dict]:
+    return csv_rows(RUNS / HEAD / "head.csv")
 
 
 def chunk_cut(rows: list[dict], model: str, n: str) -> float:
@@ -801,10 +806,20 @@ def gap_gpu(i: int) -> str:
     return (RUNS / GAPS / "gpu_c1.csv").read_text().splitlines()[1 + i].split(", ")[1]
 
 
-def per_1k_tokens(r) -> dict:
-    """ms of a profiled step per 1,000 tokens (every token of these synthetic rows is real), per category."""
-    k = r.config["batch"] * r.config["seq_len"] / 1e3
-    return {c: r.metrics[f"prof/{c}_frac"] * r.metrics["prof/step_ms"] / k for c in an.CATEGORIES}
+def per_1k_nonpad(r) -> dict:
+    """ms of a profiled step per 1,000 non-pad tokens, per category (packed rows are not all real tokens)."""
+    m = r.metrics
+    k = r.config["batch"] * r.config["seq_len"] * m["perf/tokens_per_s"] / m["perf/total_tokens_per_s"] / 1e3
+    return {c: m[f"prof/{c}_frac"] * m["prof/step_ms"] / k for c in an.CATEGORIES}
+
+
+def split_table(cells) -> str:
+    """Profiled cells side by side: tok/s, the profiled and the median timed step, each category's share."""
+    return an.md_table(["cell", "tok/s non-pad (p50)", "profiled step ms", "timed step p50 ms",
+                        *[f"{c} %" for c in an.CATEGORIES]],
+                       [[r.label, f"{r.metrics['perf/tokens_per_s']:,.0f} ({an.p50_tokens_per_s(r.metrics):,.0f})",
+                         f"{r.metrics['prof/step_ms']:.0f}", f"{1e3 * r.metrics['perf/step_time_p50_s']:.0f}",
+                         *[f"{100 * r.metrics[f'prof/{c}_frac']:.0f}" for c in an.CATEGORIES]] for r in cells])
 
 
 def matmul_rate(r) -> tuple[float, float]:
@@ -859,7 +874,7 @@ def gap_tables(b: dict, failed: dict) -> tuple[str, str, str]:
 
 def whole_gpu_text(p: dict) -> str:
     """fast's and Unsloth's whole-GPU bests per 1,000 tokens by category, and what 62% MFU would need."""
-    k = {key: per_1k_tokens(p[key]) for key in ("m7 fast", "m7 unsloth")}
+    k = {key: per_1k_nonpad(p[key]) for key in ("m7 fast", "m7 unsloth")}
     table = an.md_table(["ms per 1,000 tokens, whole H200, seq 512", *an.CATEGORIES, "sum"],
                         [[p[key].label, *[f"{k[key][c]:.1f}" for c in an.CATEGORIES], f"{sum(k[key].values()):.1f}"]
                          for key in k])
@@ -906,11 +921,7 @@ def gaps_section() -> str:
     why = re.findall(r"failed: (.*?) \(traceback", failed[1024][0].error)[-1]  # the rank's own last line
     shape, gemma, packed = gap_tables(b, failed)
     nan = [r for q in (1024, 2048) for r in load_cells(d / f"sg_s{q}_hf") if not r.ok and "nan" in (r.error or "")]
-    split = an.md_table(["cell", "tok/s non-pad (p50)", "profiled step ms", "timed step p50 ms",
-                         *[f"{c} %" for c in an.CATEGORIES]],
-                        [[r.label, f"{r.metrics['perf/tokens_per_s']:,.0f} ({an.p50_tokens_per_s(r.metrics):,.0f})",
-                          f"{r.metrics['prof/step_ms']:.0f}", f"{1e3 * r.metrics['perf/step_time_p50_s']:.0f}",
-                          *[f"{100 * r.metrics[f'prof/{c}_frac']:.0f}" for c in an.CATEGORIES]] for r in p.values()])
+    split = split_table(p.values())
     sweeps = [(f"Mistral-7B, seq 1024, whole GPU, {bk}", f"m7_s1024_auto_{bk}") for bk in ("fast", "unsloth")] + \
         [(f"Mistral-7B, seq 2048, 22 GiB, {bk}", f"m7_s2048_a10_{bk}") for bk in ("hf", "fast", "unsloth")] + \
         [(f"gemma-2-9b, {bk}", f"gemma-2-9b_{bk}") for bk in ("fast", "unsloth")] + \
@@ -997,13 +1008,6 @@ def flex_profiles() -> dict:
     return out
 
 
-def per_1k_nonpad(r) -> dict:
-    """ms of a profiled step per 1,000 non-pad tokens, per category (packed rows are not all real tokens)."""
-    m = r.metrics
-    k = r.config["batch"] * r.config["seq_len"] * m["perf/tokens_per_s"] / m["perf/total_tokens_per_s"] / 1e3
-    return {c: m[f"prof/{c}_frac"] * m["prof/step_ms"] / k for c in an.CATEGORIES}
-
-
 def hf_gap_text(p: dict) -> str:
     """Where hf's and fast's steps go per 1,000 tokens, and what 2.2x hf's best asks of fast's."""
     k = {key: per_1k_nonpad(r) for key, r in p.items()}
@@ -1042,15 +1046,10 @@ def flex_section() -> str:
                          [[f"{q}", f"{i}", *_best_cells(b[f"sg_s{q}"]["fast"]), *_best_cells(b[f"sg_s{q}"]["unsloth"]),
                            _x(b[f"sg_s{q}"]["fast"], b[f"sg_s{q}"]["unsloth"]), _x(gb[f"sg_s{q}"]["fast"], gb[f"sg_s{q}"]["hf"])]
                           for q, i in zip(GAP_SEQS, (2, 1, 3))])
-    u512 = four_best("mistral-7b_s512_a10_unsloth", "unsloth") if (RUNS / FOUR / "mistral-7b_s512_a10_unsloth").exists() else None
-    split = an.md_table(["cell", "tok/s non-pad (p50)", "profiled step ms", "timed step p50 ms",
-                         *[f"{c} %" for c in an.CATEGORIES]],
-                        [[r.label, f"{r.metrics['perf/tokens_per_s']:,.0f} ({an.p50_tokens_per_s(r.metrics):,.0f})",
-                          f"{r.metrics['prof/step_ms']:.0f}", f"{1e3 * r.metrics['perf/step_time_p50_s']:.0f}",
-                          *[f"{100 * r.metrics[f'prof/{c}_frac']:.0f}" for c in an.CATEGORIES]] for r in p.values()])
+    split = split_table(p.values())
     (l4,) = load_cells(d / "trl_l4")
     lm = l4.metrics
-    v = next(csv_rows(d / "trl_l4" / "projection_validation.csv"))
+    v = csv_rows(d / "trl_l4" / "projection_validation.csv")[0]
     sweeps = [(f"gemma-2-9b, {t}", f"gemma-2-9b_{sw}") for t, sw in (("fast, flex attention", "fast_flex"),
                                                                      ("Unsloth", "unsloth"), ("fast, eager attention", "fast"))] + \
         [(f"packed ShareGPT, seq {q}, {bk}", f"sg_s{q}_{bk}") for q in GAP_SEQS for bk in ("fast", "unsloth")]
@@ -1104,12 +1103,6 @@ def flex_section() -> str:
         "`... 91ae2c2 c3`: every command is in the script; each GPU's log in log_<gpu>.txt; the L4 projection: "
         f"`python bench.py suite=project sweep_dir=docs/runs/{FLEX}/trl_l4 'measured=[docs/runs/trl_l4/tokens.csv]'`). "
         "Table: " + cmd("flex")])
-
-
-def csv_rows(path: Path):
-    import csv
-
-    return iter(list(csv.DictReader(path.open())))
 
 
 def model_search_section() -> str:
@@ -1175,7 +1168,7 @@ def glance() -> str:
     fb = four_bests()
     gb, xb = gap_bests(), flex_bests()
     xg = xb["gemma-2-9b"]
-    v = next(csv_rows(RUNS / FLEX / "trl_l4" / "projection_validation.csv"))
+    v = csv_rows(RUNS / FLEX / "trl_l4" / "projection_validation.csv")[0]
     return "\n".join([
         f"- Newest, one 4 x {gap_gpu(0)} machine, each backend searched: Gemma-2-9B (22 GiB, seq 1024) with flex "
         f"attention (now on in `backend=fast`) fast {_x(xg['fast flex'], xg['unsloth'])} Unsloth's best, and "
