@@ -19,9 +19,11 @@
 #      ran beside three other lists and waited on the host for most of its step
 #   3. Gemma-2-9B's bests of 2026-11-26_flex profiled side by side (issue 34's 1.15x over Unsloth, missed): fast
 #      b6 half the layers recomputed with flex attention, Unsloth b8 with its checkpointing on
-#   4. Unsloth's packed best at seq 512 (b48, its checkpointing on) and fast's (b16, 0.25 recomputed / 0.25
+#   4. Qwen2.5-7B's bests of 2026-11-26_best profiled side by side, alone on the machine (issue 34's 1.15x over
+#      Unsloth, missed at 1.04x on an H200): fast b8 0.25 recomputed / 0.25 offloaded, Unsloth b4 checkpointing off
+#   5. Unsloth's packed best at seq 512 (b48, its checkpointing on) and fast's (b16, 0.25 recomputed / 0.25
 #      offloaded) profiled: why Unsloth's packed rows run at about half its fixed-length rate here
-#   5. Mistral-7B at seq 1024 on the whole GPU: fast's and Unsloth's searches
+#   6. Mistral-7B at seq 1024 on the whole GPU: fast's and Unsloth's searches
 # Searches as in 2026-11-26_gaps (+experiment=tune, 14 steps of which 4 untimed, at most 10 measured cells);
 # profiled cells 16 steps: 4 untimed, 2 profiled, 10 timed.
 set -u
@@ -41,6 +43,8 @@ sweep 0 trl_l4 +experiment=trl_l4_check train.profile_steps=2
 sweep 0 prof_gemma2_fast $prof model=gemma-2-9b seq_len=1024 backend=fast batch=6 $ck=0.5 train.offload_fraction=0
 sweep 0 prof_gemma2_unsloth $prof model=gemma-2-9b seq_len=1024 backend=unsloth batch=8 $ck=1 \
   backend.unsloth_offload=false
+sweep 0 prof_qwen25_fast $prof model=qwen2.5-7b seq_len=1024 backend=fast batch=8 $ck=0.25 train.offload_fraction=0.25
+sweep 0 prof_qwen25_unsloth $prof model=qwen2.5-7b seq_len=1024 backend=unsloth batch=4 train.gradient_checkpointing=false
 sweep 0 prof_sg512_unsloth $prof $sg seq_len=512 backend=unsloth batch=48 $ck=1 backend.unsloth_offload=false
 sweep 0 prof_sg512_fast $prof $sg seq_len=512 backend=fast batch=16 $ck=0.25 train.offload_fraction=0.25
 for b in fast unsloth; do sweep 0 m7_s1024_auto_$b $search gpu=auto seq_len=1024 backend=$b; done
