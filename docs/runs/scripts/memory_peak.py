@@ -1,0 +1,94 @@
+"""What is alive at a cell's peak of allocated GPU memory, grouped by the line that allocated it.
+
+    python docs/runs/scripts/memory_peak.py <out dir> <train.py arguments...>     # on a GPU
+
+Runs train.py in this process under PyTorch's allocator history (torch.cuda.memory._record_memory_history),
+then replays the trace: the live bytes after each event, the largest after the last reset of the peak
+statistics (lorabench.meter resets them where the timed window starts, so this is the peak that metrics.json
+records as mem/peak_allocated_gib), and the tensors alive at that moment grouped by the first frame outside
+torch's own modules (torch.optim and torch.utils.checkpoint count as callers). Writes <out dir>/peak.md.
+A sweep of one cell is meant: the replay covers the whole process.
+"""
+
+import runpy
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+GIB = 2**30
+OWN = ("torch/", "<frozen", "threading.py", "contextlib.py")
+CALLERS = ("torch/optim/", "torch/utils/checkpoint.py")
+resets: list[int] = []  # the trace's length at each reset of the peak statistics
+
+
+def trace_len() -> int:
+    return sum(len(t) for t in torch.cuda.memory._snapshot()["device_traces"])
+
+
+def label(frames: list[dict]) -> str:
+    """The first frame, innermost first, that is not torch's own machinery."""
+    for f in frames:
+        name = f["filename"]
+        if not any(o in name for o in OWN) or any(c in name for c in CALLERS):
+            short = name.split("site-packages/")[-1].split("/src/")[-1]
+            return f"{short}:{f['line']} {f['name']}"
+    return "(torch internals)"
+
+
+def replay(trace: list[dict], start: int) -> tuple[int, int]:
+    """(index, bytes) of the largest live total after event `start`."""
+    live, total, best = {}, 0, (start, -1)
+    for i, e in enumerate(trace):
+        if e["action"] == "alloc":
+            live[e["addr"]] = e["size"]
+            total += e["size"]
+        elif e["action"] == "free_completed":
+            total -= live.pop(e["addr"], 0)
+        if i >= start and total > best[1]:
+            best = (i, total)
+    return best
+
+
+def alive_at(trace: list[dict], index: int) -> dict[int, dict]:
+    live = {}
+    for e in trace[:index + 1]:
+        if e["action"] == "alloc":
+            live[e["addr"]] = e
+        elif e["action"] == "free_completed":
+            live.pop(e["addr"], None)
+    return live
+
+
+def main(out: Path, args: list[str]) -> None:
+    reset = torch.cuda.reset_peak_memory_stats
+
+    def recorded_reset(device=None):
+        resets.append(trace_len())
+        reset(device)
+
+    torch.cuda.reset_peak_memory_stats = recorded_reset
+    torch.cuda.memory._record_memory_history(max_entries=4_000_000)
+    sys.argv = ["train.py", *args]
+    try:
+        runpy.run_path("train.py", run_name="__main__")
+    except SystemExit:
+        pass
+    trace = torch.cuda.memory._snapshot()["device_traces"][0]
+    start = resets[-1] if resets else 0
+    index, peak = replay(trace, start)
+    groups: dict[str, int] = defaultdict(int)
+    for e in alive_at(trace, index).values():
+        groups[label(e["frames"])] += e["size"]
+    lines = [f"# Live at the peak of allocated memory: {peak / GIB:.2f} GiB (event {index:,} of {len(trace):,}, "
+             f"peak statistics last reset at event {start:,})", "", f"train.py {' '.join(args)}", "",
+             "| GiB | allocated at |", "|---|---|"]
+    lines += [f"| {b / GIB:.3f} | {k} |" for k, b in sorted(groups.items(), key=lambda kv: -kv[1]) if b >= 2**24]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "peak.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines[:40]))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), sys.argv[2:])
