@@ -31,6 +31,8 @@ def label(frames: list[dict]) -> str:
     """The first frame, innermost first, that is not torch's own machinery."""
     for f in frames:
         name = f["filename"]
+        if not name.endswith(".py"):  # C++ frames (torch::unwind, at::...), when PyTorch records them
+            continue
         if not any(o in name for o in OWN) or any(c in name for c in CALLERS):
             short = name.split("site-packages/")[-1].split("/src/")[-1]
             return f"{short}:{f['line']} {f['name']}"
@@ -69,7 +71,7 @@ def main(out: Path, args: list[str]) -> None:
         reset(device)
 
     torch.cuda.reset_peak_memory_stats = recorded_reset
-    torch.cuda.memory._record_memory_history(max_entries=4_000_000)
+    torch.cuda.memory._record_memory_history(stacks="python", max_entries=4_000_000)
     sys.argv = ["train.py", *args]
     try:
         runpy.run_path("train.py", run_name="__main__")
