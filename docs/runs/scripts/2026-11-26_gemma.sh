@@ -10,6 +10,6 @@ LIMIT_S=${LIMIT_S:-540}; source "$(dirname "$0")/device_setup.sh" "$@"  # wheels
 source "$(dirname "$0")/gpu_lists.sh" "$@"  # /tmp/runs, the clocks, left, sweep, pack_call
 g="gpu=a10 model=gemma-2-9b seq_len=1024"
 sweep 0 gemma_unsloth -m +experiment=seed_optimum train.max_steps=14 train.untimed_steps=4 $g backend=unsloth batch=8 \
-  train.gradient_checkpointing=true train.checkpoint_fraction=1 backend.unsloth_offload=false
-sweep 0 gemma_fast -m +experiment=tune train.max_steps=14 train.untimed_steps=4 search.max_cells=10 $g backend=fast
+  $ckpt=1 backend.unsloth_offload=false
+sweep 0 gemma_fast $tune_cells $g backend=fast
 pack_call $2

@@ -34,18 +34,14 @@ source "$(dirname "$0")/gpu_lists.sh" "$@"  # /tmp/runs, the clocks, left, sweep
 q = torch.randn(1, 64, 8, 64, device='cuda', dtype=torch.bfloat16)
 xo.memory_efficient_attention(q, q, q); print('xformers', xformers.__version__, 'runs on', torch.cuda.get_device_name())" \
   > $R/xformers.txt 2>&1; tail -1 $R/xformers.txt
-search="-m +experiment=tune train.max_steps=14 train.untimed_steps=4 search.max_cells=10"
-prof="-m +experiment=seed_optimum train.max_steps=16 train.untimed_steps=4 train.profile_steps=2 gpu=a10"
-ck="train.gradient_checkpointing=true train.checkpoint_fraction"
-sg="data=jsonl data.path=/tmp/sharegpt_2000.jsonl data.max_samples=null data.packing=true"
-for b in fast unsloth; do sweep 0 m7_s512_auto_$b $search gpu=auto seq_len=512 backend=$b; done
+for b in fast unsloth; do sweep 0 m7_s512_auto_$b $tune_cells gpu=auto seq_len=512 backend=$b; done
 sweep 0 trl_l4 +experiment=trl_l4_check train.profile_steps=2
-sweep 0 prof_gemma2_fast $prof model=gemma-2-9b seq_len=1024 backend=fast batch=6 $ck=0.5 train.offload_fraction=0
-sweep 0 prof_gemma2_unsloth $prof model=gemma-2-9b seq_len=1024 backend=unsloth batch=8 $ck=1 \
+sweep 0 prof_gemma2_fast $profiled_cells model=gemma-2-9b seq_len=1024 backend=fast batch=6 $ckpt=0.5 train.offload_fraction=0
+sweep 0 prof_gemma2_unsloth $profiled_cells model=gemma-2-9b seq_len=1024 backend=unsloth batch=8 $ckpt=1 \
   backend.unsloth_offload=false
-sweep 0 prof_qwen25_fast $prof model=qwen2.5-7b seq_len=1024 backend=fast batch=8 $ck=0.25 train.offload_fraction=0.25
-sweep 0 prof_qwen25_unsloth $prof model=qwen2.5-7b seq_len=1024 backend=unsloth batch=4 train.gradient_checkpointing=false
-sweep 0 prof_sg512_unsloth $prof $sg seq_len=512 backend=unsloth batch=48 $ck=1 backend.unsloth_offload=false
-sweep 0 prof_sg512_fast $prof $sg seq_len=512 backend=fast batch=16 $ck=0.25 train.offload_fraction=0.25
-for b in fast unsloth; do sweep 0 m7_s1024_auto_$b $search gpu=auto seq_len=1024 backend=$b; done
+sweep 0 prof_qwen25_fast $profiled_cells model=qwen2.5-7b seq_len=1024 backend=fast batch=8 $ckpt=0.25 train.offload_fraction=0.25
+sweep 0 prof_qwen25_unsloth $profiled_cells model=qwen2.5-7b seq_len=1024 backend=unsloth batch=4 train.gradient_checkpointing=false
+sweep 0 prof_sg512_unsloth $profiled_cells $packed_rows seq_len=512 backend=unsloth batch=48 $ckpt=1 backend.unsloth_offload=false
+sweep 0 prof_sg512_fast $profiled_cells $packed_rows seq_len=512 backend=fast batch=16 $ckpt=0.25 train.offload_fraction=0.25
+for b in fast unsloth; do sweep 0 m7_s1024_auto_$b $tune_cells gpu=auto seq_len=1024 backend=$b; done
 pack_call $2

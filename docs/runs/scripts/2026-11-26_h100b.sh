@@ -17,16 +17,12 @@
 set -u
 LIMIT_S=${LIMIT_S:-540}; source "$(dirname "$0")/device_setup.sh" "$@"  # wheels, ShareGPT, environment, t0
 source "$(dirname "$0")/gpu_lists.sh" "$@"  # /tmp/runs, the clocks, left, sweep, pack_call
-search="-m +experiment=tune train.max_steps=14 train.untimed_steps=4 search.max_cells=10"
-prof="-m +experiment=seed_optimum train.max_steps=16 train.untimed_steps=4 train.profile_steps=2 gpu=a10"
-ck="train.gradient_checkpointing=true train.checkpoint_fraction"
-sg="data=jsonl data.path=/tmp/sharegpt_2000.jsonl data.max_samples=null data.packing=true"
 if [ ! -f $R/mem_trl_l4/peak.md ] && [ "$(left)" -gt 200 ]; then
   timeout $(( $(left) - 10 )) python3 docs/runs/scripts/memory_peak.py $R/mem_trl_l4 +experiment=trl_l4_check \
     train.max_steps=3 train.untimed_steps=1 hydra.sweep.dir=$R/mem_trl_l4 > $R/log_mem.txt 2>&1
   echo "mem_trl_l4: exit $? after $((SECONDS - t0)) s"; tail -30 $R/log_mem.txt
 fi
-sweep 0 prof_sg512_unsloth $prof $sg seq_len=512 backend=unsloth batch=48 $ck=1 backend.unsloth_offload=false
-sweep 0 prof_sg512_fast $prof $sg seq_len=512 backend=fast batch=16 $ck=0.25 train.offload_fraction=0.25
-for b in fast unsloth; do sweep 0 m7_s1024_auto_$b $search gpu=auto seq_len=1024 backend=$b; done
+sweep 0 prof_sg512_unsloth $profiled_cells $packed_rows seq_len=512 backend=unsloth batch=48 $ckpt=1 backend.unsloth_offload=false
+sweep 0 prof_sg512_fast $profiled_cells $packed_rows seq_len=512 backend=fast batch=16 $ckpt=0.25 train.offload_fraction=0.25
+for b in fast unsloth; do sweep 0 m7_s1024_auto_$b $tune_cells gpu=auto seq_len=1024 backend=$b; done
 pack_call $2

@@ -2,6 +2,13 @@
 # several-GPU machine in consecutive calls (2026-11-26_four.sh, _gaps.sh, _flex.sh): dirs in /tmp/runs (kept
 # by the warm machine), the GPUs' clocks recorded, `left` (seconds before LIMIT_S), `sweep` (one train.py
 # command that a later call resumes or passes over) and `pack_call` (what this call wrote, into $OUT/<call>.tgz).
+# The lists' common arguments (2026-11-26_h100.sh, _h100b.sh, _gemma.sh): a search (+experiment=tune, 14 steps of
+# which 4 untimed, at most 10 measured cells), a profiled cell (16 steps: 4 untimed, 2 profiled, 10 timed, within
+# 22 GiB), the recomputed fraction's key, packed ShareGPT (device_setup.sh unpacks it).
+tune_cells="-m +experiment=tune train.max_steps=14 train.untimed_steps=4 search.max_cells=10"
+profiled_cells="-m +experiment=seed_optimum train.max_steps=16 train.untimed_steps=4 train.profile_steps=2 gpu=a10"
+ckpt="train.gradient_checkpointing=true train.checkpoint_fraction"
+packed_rows="data=jsonl data.path=/tmp/sharegpt_2000.jsonl data.max_samples=null data.packing=true"
 R=/tmp/runs; mkdir -p $R; echo "=== call $2 at commit $1" >> $R/log.txt; touch $R/.start_$2
 nvidia-smi --query-gpu=index,name,clocks.sm,clocks.max.sm,power.limit,temperature.gpu --format=csv \
   > $OUT/gpu_$2.csv

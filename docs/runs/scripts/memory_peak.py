@@ -27,6 +27,13 @@ def trace_len() -> int:
     return sum(len(t) for t in torch.cuda.memory._snapshot()["device_traces"])
 
 
+def importable(path: str) -> str:
+    """A file's path from the sys.path entry it is imported through (lorabench/fused.py, bitsandbytes/...): the
+    same on every machine."""
+    roots = sorted((r.rstrip("/") + "/" for r in sys.path if r), key=len, reverse=True)
+    return next((path[len(r):] for r in roots if path.startswith(r)), path)
+
+
 def label(frames: list[dict]) -> str:
     """The first frame, innermost first, that is not torch's own machinery."""
     for f in frames:
@@ -34,8 +41,7 @@ def label(frames: list[dict]) -> str:
         if not name.endswith(".py"):  # C++ frames (torch::unwind, at::...), when PyTorch records them
             continue
         if not any(o in name for o in OWN) or any(c in name for c in CALLERS):
-            short = name.split("site-packages/")[-1].split("/src/")[-1]
-            return f"{short}:{f['line']} {f['name']}"
+            return f"{importable(name)}:{f['line']} {f['name']}"
     return "(torch internals)"
 
 

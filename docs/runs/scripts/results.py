@@ -806,11 +806,16 @@ def gap_gpu(i: int) -> str:
     return (RUNS / GAPS / "gpu_c1.csv").read_text().splitlines()[1 + i].split(", ")[1]
 
 
-def per_1k_nonpad(r) -> dict:
-    """ms of a profiled step per 1,000 non-pad tokens, per category (packed rows are not all real tokens)."""
+def k_nonpad(r) -> float:
+    """Thousands of non-pad tokens in one step of the cell (packed rows are not all real tokens)."""
     m = r.metrics
-    k = r.config["batch"] * r.config["seq_len"] * m["perf/tokens_per_s"] / m["perf/total_tokens_per_s"] / 1e3
-    return {c: m[f"prof/{c}_frac"] * m["prof/step_ms"] / k for c in an.CATEGORIES}
+    return r.config["batch"] * r.config["seq_len"] * m["perf/tokens_per_s"] / m["perf/total_tokens_per_s"] / 1e3
+
+
+def per_1k_nonpad(r) -> dict:
+    """ms of a profiled step per 1,000 non-pad tokens, per category."""
+    m = r.metrics
+    return {c: m[f"prof/{c}_frac"] * m["prof/step_ms"] / k_nonpad(r) for c in an.CATEGORIES}
 
 
 def split_table(cells) -> str:
@@ -1142,7 +1147,7 @@ def h100_pairs_text(pairs: dict) -> str:
     table = an.md_table(["ms per 1,000 non-pad tokens (profiled step)", *an.CATEGORIES, "device work", "timed p50 step"],
                         [[r.label, *[f"{k[t][b][c]:.1f}" for c in an.CATEGORIES],
                           f"{sum(k[t][b].values()) - k[t][b]['idle']:.1f}",
-                          f"{1e6 * r.metrics['perf/step_time_p50_s'] / (r.config['batch'] * r.config['seq_len'] * r.metrics['perf/tokens_per_s'] / r.metrics['perf/total_tokens_per_s']):.1f}"]
+                          f"{1e3 * r.metrics['perf/step_time_p50_s'] / k_nonpad(r):.1f}"]
                          for t, pr in pairs.items() for b, r in pr.items()])
     lines = []
     for t, pr in pairs.items():
@@ -1195,7 +1200,8 @@ def h100_section() -> str:
     sweeps = [(f"Mistral-7B, seq {q}, whole GPU, {b}", f"m7_s{q}_auto_{b}") for q in (512, 1024) for b in ("fast", "unsloth")]
     every = "\n\n".join(f"{t}:\n\n{an.search_table(load_searches(d / sw))}" for t, sw in sweeps)
     limit = (d / "gpu_a_c1.csv").read_text().splitlines()[1].split(", ")[4]
-    gb, fb, flex_g = gap_bests()["m7_s1024_auto"], four_bests()["mistral-7b s512 auto"], flex_bests()["gemma-2-9b"]
+    gb, flex_g = gap_bests()["m7_s1024_auto"], flex_bests()["gemma-2-9b"]
+    fb = {k: four_best(f"mistral-7b_s512_auto_{k}", k) for k in ("fast", "unsloth")}  # FOUR's whole-GPU searches
     (l4_flex,) = load_cells(RUNS / FLEX / "trl_l4")
     rows = [line.split(" | ") for line in peak[2].splitlines()[2:]]
     static = sum(float(gib.strip("| ")) for gib, at in rows if re.search(r"bitsandbytes|apply_lora|torch/optim", at))
