@@ -1,0 +1,52 @@
+"""Host time per call of the operations a fast-path decoder layer launches, on the GPU (2026-11-26_host.sh).
+
+Each operation runs on small tensors (64 tokens: the device finishes it long before the host launches the
+next), 200 times after 20 warm-up calls; the figure is the host's wall time per call (time.perf_counter
+around the 200 calls, the device synchronised before the clock starts and after it stops, so a call that waits
+for the device counts its wait). Prints one markdown table: operation, us per call."""
+import sys
+import time
+
+import bitsandbytes.functional as bnbf
+import torch
+import torch.nn.functional as F
+
+from lorabench import dropout_kernels, nf4_kernels
+
+dev, bf = torch.device("cuda"), torch.bfloat16
+x = torch.randn(64, 3584, device=dev, dtype=bf)
+w = torch.randn(512, 3584, device=dev, dtype=bf)
+q, state = bnbf.quantize_4bit(w, quant_type="nf4", compress_statistics=True)
+a32 = torch.randn(16, 3584, device=dev)
+q4 = torch.randn(1, 28, 64, 128, device=dev, dtype=bf)
+k4 = torch.randn(1, 4, 64, 128, device=dev, dtype=bf)
+cpu_gen = torch.Generator().manual_seed(0)
+
+ops = {
+    "torch.mm [64x3584] @ [3584x512]": lambda: x @ w.t(),
+    "tensor.add_ (aten elementwise)": lambda: x.add_(0.0),
+    "a32.to(bf16) (an fp32 adapter cast)": lambda: a32.to(bf),
+    "torch.empty [64x3584]": lambda: torch.empty(64, 3584, device=dev, dtype=bf),
+    "int(torch.randint(...)) on the host": lambda: int(torch.randint(2**31 - 1, (1,), generator=cpu_gen)),
+    "nf4_kernels.dequantize (Triton)": lambda: nf4_kernels.dequantize(q, state),
+    "bitsandbytes dequantize_4bit": lambda: bnbf.dequantize_4bit(q, state),
+    "dropout_kernels.dropout (Triton)": lambda: dropout_kernels.dropout(x, 1234, 0.05),
+    "SDPA causal, GQA 28/4 heads": lambda: F.scaled_dot_product_attention(q4, k4, k4, is_causal=True, enable_gqa=True),
+}
+
+
+def host_us(fn, n=200, warmup=20):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / n * 1e6
+
+
+print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}\n\n| operation | host us per call |\n|---|---|")
+for name, fn in ops.items():
+    print(f"| {name} | {host_us(fn):.1f} |")
+sys.stdout.flush()
