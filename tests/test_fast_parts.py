@@ -99,8 +99,17 @@ def test_fused_mlp_is_refused_with_int8_and_unsloth_by_name():
             checks.check_values(c)
 
 
+class _Counted(nn.Sequential):
+    """A model with transformers' parameter count (its walk over the modules counted)."""
+    walks = 0
+
+    def num_parameters(self, exclude_embeddings: bool = False) -> int:
+        self.walks += 1
+        return sum(p.numel() for p in self.parameters())
+
+
 def test_lean_step_clears_only_trainable_grads_and_walks_modules_on_a_mode_change(monkeypatch):
-    model = nn.Sequential(nn.Linear(4, 4), nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5)))
+    model = _Counted(nn.Linear(4, 4), nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5)))
     model[0].requires_grad_(False)
     walks = []
     inner_train = nn.Module.train
@@ -116,6 +125,8 @@ def test_lean_step_clears_only_trainable_grads_and_walks_modules_on_a_mode_chang
     assert walks == [True, False] and not model[1][1].training
     model.train()
     assert walks == [True, False, True] and all(m.training for m in model.modules())
+    # the Trainer's flop count at every step: the same count, the modules walked once
+    assert [model.num_parameters(exclude_embeddings=True) for _ in range(3)] == [40] * 3 and model.walks == 1
 
 
 @pytest.mark.slow  # make test-slow (CI runs it): kept out of make test's 3 minutes on 2 cores

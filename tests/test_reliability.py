@@ -273,3 +273,34 @@ def test_a_preempted_submitit_job_is_requeued_and_resumes(tmp_path, expected):
     assert losses(sweep / "0") == expected
     assert "| ok |" in (sweep / "results.md").read_text()  # the end-of-sweep report ran too
     assert any((sweep / ".submitit").iterdir())
+
+
+def test_the_watchdog_counts_the_children_s_memory_and_lists_them_every_relist_s():
+    """Its poll reads this process's and its children's resident memory; which processes are its children
+    (psutil scans every process of the machine for it) is looked up every relist_s only."""
+    import types
+
+    from lorabench.guard import GIB, Guard
+
+    class Proc:  # the two psutil.Process calls the watchdog makes, counted
+        def __init__(self, gib, children=()):
+            self.gib, self.kids, self.polls, self.listed = gib, list(children), 0, 0
+
+        def memory_info(self):
+            self.polls += 1
+            return types.SimpleNamespace(rss=int(self.gib * GIB))
+
+        def children(self, recursive=False):
+            self.listed += 1
+            return self.kids
+
+    child = Proc(1.0)
+    proc = Proc(2.0, [child])
+    guard = Guard(limit_gib=100.0, interval_s=0.001, relist_s=0.01)  # children listed every 10th poll
+    guard._proc = proc
+    with guard:
+        while proc.polls < 40:
+            time.sleep(0.005)
+    assert guard.peak_gib == pytest.approx(3.0)  # 2 + 1 GiB: the child's memory counted
+    assert child.polls == proc.polls  # read at every poll
+    assert proc.listed == (proc.polls - 1) // 10 + 1  # polls 0, 10, 20, ...: listed on the first and every 10th

@@ -3,7 +3,11 @@
   host memory  a watchdog thread samples the resident memory of this process and its DataLoader
                workers (psutil) every 0.1 s; past the limit it stops the step, and the cell is
                recorded `oom` with both figures, before the kernel's OOM killer ends the process
-               and leaves no result;
+               and leaves no result. Which processes are this one's children is looked up again
+               every 2 s only: psutil finds them by reading every process of the machine
+               (/proc/<pid>/stat, ~1-2 ms of Python holding the GIL, each read handing it over), and at
+               every 0.1 s that took ~8% of the host's time in a py-spy sample of a host-bound GPU
+               cell (docs/results.md, the host section), time the training's own thread waited for;
   a signal     (SIGTERM, Ctrl-C: lorabench.preemption) the current step may finish and write a
                checkpoint; a step that has not ended `grace_s` seconds after the signal is stopped
                here, so a cell whose steps take minutes still ends within seconds, recorded `interrupted`.
@@ -15,6 +19,7 @@ two operators), only while the guarded region runs; after it, a late signal does
 
 from __future__ import annotations
 
+import itertools
 import logging
 import signal
 import threading
@@ -29,13 +34,14 @@ class HostMemoryExceeded(MemoryError):
     """The cell's process crossed its host-memory limit, or cannot fit in what the host has."""
 
 
-def rss_bytes(proc: psutil.Process) -> int:
-    """Resident memory of this process and its children (DataLoader workers, compile workers)."""
+def rss_bytes(proc: psutil.Process, children: list[psutil.Process] | None = None) -> int:
+    """Resident memory of this process and its children (DataLoader workers, compile workers);
+    `children` as listed earlier, else looked up now."""
     total = proc.memory_info().rss
-    for child in proc.children(recursive=True):
+    for child in proc.children(recursive=True) if children is None else children:
         try:
             total += child.memory_info().rss
-        except psutil.Error:
+        except psutil.Error:  # it has ended
             pass
     return total
 
@@ -51,9 +57,10 @@ class Guard:
     thread to end the loop with `exc`. In a thread other than the main one (where no signal handler
     can be installed) it only samples memory."""
 
-    def __init__(self, limit_gib: float | None, interval_s: float = 0.1):
+    def __init__(self, limit_gib: float | None, interval_s: float = 0.1, relist_s: float = 2.0):
         self.limit_gib = limit_gib if limit_gib is not None else default_limit_gib()
         self.interval_s = interval_s
+        self.relist_every = max(1, round(relist_s / interval_s))  # polls between two lookups of the children
         self.peak_gib = 0.0
         self._proc = psutil.Process()
         self._pending: BaseException | None = None
@@ -90,9 +97,14 @@ class Guard:
             raise exc
 
     def _watch(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        children: list[psutil.Process] = []
+        for poll in itertools.count():
+            if self._stop.wait(self.interval_s):
+                return
             try:
-                gib = rss_bytes(self._proc) / GIB
+                if poll % self.relist_every == 0:
+                    children = self._proc.children(recursive=True)
+                gib = rss_bytes(self._proc, children) / GIB
             except psutil.Error:
                 continue
             self.peak_gib = max(self.peak_gib, gib)

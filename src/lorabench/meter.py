@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import math
@@ -82,7 +83,10 @@ def lean_step(model: torch.nn.Module) -> None:
     256 with a gradient at LoRA r16 on q/k/v/o) and `model.train()` (~2,000 modules, PEFT's included). In a py-spy sample of
     a 32-layer cell on this workplace's CPU they took 1.2 and 4.3 ms a step. Here `zero_grad` clears
     only the trainable parameters' gradients (no other has one) and `train` walks the modules only
-    when the mode changes (eval() goes through it too). Nothing the model computes changes."""
+    when the mode changes (eval() goes through it too). The Trainer's flop count for its total_flos
+    (6 x tokens x parameters) asks `model.num_parameters()` at every step, another walk (~1% of the host's
+    time of a host-bound GPU cell in py-spy, docs/results.md's host section): counted once here, as no
+    parameter is added or removed while training. Nothing the model computes changes."""
     trainable = [p for p in model.parameters() if p.requires_grad]
     walk_train, mode = type(model).train, [None]
 
@@ -100,6 +104,8 @@ def lean_step(model: torch.nn.Module) -> None:
         return model
 
     model.zero_grad, model.train, model.lorabench_lean = zero_grad, train, True
+    if hasattr(model, "num_parameters"):
+        model.num_parameters = functools.cache(model.num_parameters)
 
 
 class StepMeter(TrainerCallback):
