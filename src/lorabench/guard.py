@@ -4,10 +4,10 @@
                workers (psutil) every 0.1 s; past the limit it stops the step, and the cell is
                recorded `oom` with both figures, before the kernel's OOM killer ends the process
                and leaves no result. Which processes are this one's children is looked up again
-               every 2 s only: psutil finds them by reading every process of the machine
-               (/proc/<pid>/stat, ~1-2 ms of Python holding the GIL, each read handing it over), and at
-               every 0.1 s that took ~8% of the host's time in a py-spy sample of a host-bound GPU
-               cell (docs/results.md, the host section), time the training's own thread waited for;
+               every 2 s only: psutil finds them by reading every process of the machine (Python
+               holding the GIL between those reads). py-spy found the thread busy 7-9% of the time at
+               every poll in a host-bound GPU cell, though no throughput changed with it measurably
+               (docs/results.md, the host section);
   a signal     (SIGTERM, Ctrl-C: lorabench.preemption) the current step may finish and write a
                checkpoint; a step that has not ended `grace_s` seconds after the signal is stopped
                here, so a cell whose steps take minutes still ends within seconds, recorded `interrupted`.

@@ -84,9 +84,9 @@ def lean_step(model: torch.nn.Module) -> None:
     a 32-layer cell on this workplace's CPU they took 1.2 and 4.3 ms a step. Here `zero_grad` clears
     only the trainable parameters' gradients (no other has one) and `train` walks the modules only
     when the mode changes (eval() goes through it too). The Trainer's flop count for its total_flos
-    (6 x tokens x parameters) asks `model.num_parameters()` at every step, another walk (~1% of the host's
-    time of a host-bound GPU cell in py-spy, docs/results.md's host section): counted once here, as no
-    parameter is added or removed while training. Nothing the model computes changes."""
+    (6 x tokens x parameters) asks `model.num_parameters()` at every step, another walk over every module:
+    counted once here, as no parameter is added or removed while training. Nothing the model computes
+    changes."""
     trainable = [p for p in model.parameters() if p.requires_grad]
     walk_train, mode = type(model).train, [None]
 
