@@ -69,6 +69,20 @@ def alive_at(trace: list[dict], index: int) -> dict[int, dict]:
     return live
 
 
+def sizes(events: list[dict]) -> str:
+    """The blocks of one group by size, largest first: '72.0 x 32, 16.0 x 2'."""
+    count: dict[int, int] = defaultdict(int)
+    for e in events:
+        count[e["size"]] += 1
+    return ", ".join(f"{b / 2**20:.1f} x {n}" for b, n in sorted(count.items(), reverse=True)[:4])
+
+
+def stack(frames: list[dict], n: int = 14) -> str:
+    """An allocation's Python frames, innermost first (C++ frames left out), as an indented block."""
+    py = [f"{importable(f['filename'])}:{f['line']} {f['name']}" for f in frames if f["filename"].endswith(".py")]
+    return "\n".join("    " + line for line in py[:n])
+
+
 def main(out: Path, args: list[str]) -> None:
     reset = torch.cuda.reset_peak_memory_stats
 
@@ -86,16 +100,23 @@ def main(out: Path, args: list[str]) -> None:
     trace = torch.cuda.memory._snapshot()["device_traces"][0]
     start = resets[-1] if resets else 0
     index, peak = replay(trace, start)
-    groups: dict[str, int] = defaultdict(int)
+    groups: dict[str, list[dict]] = defaultdict(list)
     for e in alive_at(trace, index).values():
-        groups[label(e["frames"])] += e["size"]
+        groups[label(e["frames"])].append(e)
     lines = [f"# Live at the peak of allocated memory: {peak / GIB:.2f} GiB (event {index:,} of {len(trace):,}, "
              f"peak statistics last reset at event {start:,})", "", f"train.py {' '.join(args)}", "",
-             "| GiB | allocated at |", "|---|---|"]
-    lines += [f"| {b / GIB:.3f} | {k} |" for k, b in sorted(groups.items(), key=lambda kv: -kv[1]) if b >= 2**24]
+             "| GiB | allocated at | blocks (MiB x count) |", "|---|---|---|"]
+    big = sorted(((k, es) for k, es in groups.items() if sum(e["size"] for e in es) >= 2**24),
+                 key=lambda kv: -sum(e["size"] for e in kv[1]))
+    lines += [f"| {sum(e['size'] for e in es) / GIB:.3f} | {k} | {sizes(es)} |" for k, es in big]
+    # What the peak's own allocation was (where the step was), and the stack of each large group's largest block.
+    lines += ["", "The allocation that reached the peak:", "", stack(trace[index]["frames"])]
+    for k, es in big:
+        if sum(e["size"] for e in es) >= GIB / 2:
+            lines += ["", f"{k}: its largest block's stack", "", stack(max(es, key=lambda e: e["size"])["frames"])]
     out.mkdir(parents=True, exist_ok=True)
     (out / "peak.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines[:40]))
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":
