@@ -1564,7 +1564,8 @@ def glance() -> str:
         f"{_x(xg['fast flex'], xg['fast'])} its own best with eager attention; on packed ShareGPT in 22 GiB fast over "
         "Unsloth's best " + ", ".join(f"{_x(xb[f'sg_s{q}']['fast'], xb[f'sg_s{q}']['unsloth'])} at seq {q}" for q in GAP_SEQS)
         + " (Unsloth without flash-attn or xformers, neither installed there: read as such). A published L4 QLoRA run "
-        f"projected from its cell on the H200: {100 * float(v['error']):+.1f}%. hf's and fast's bests profiled: 2.2x hf "
+        f"projected from its cell on the H200: {100 * float(v['error']):+.1f}% (with the fp32 embedding and head). hf's "
+        "and fast's bests profiled: 2.2x hf "
         "needs fast's step at its device work with no wait (docs/results.md).",
         f"- Before those, one 4 x {gap_gpu(0)} machine, each backend searched: Gemma-2-9B (22 GiB, seq 1024) fast "
         f"{_x(gb['gemma-2-9b']['fast'], gb['gemma-2-9b']['unsloth'])} Unsloth's best (Unsloth leads); Mistral-7B on the "
