@@ -1387,8 +1387,9 @@ def host_section() -> str:
         "is as long as its host's work: the host launches about as fast as the device computes, and every wait "
         "(Liger's fused cross-entropy reads its token count with `.item()` at the forward's end) costs the device. "
         "The training thread waits for the backward most of the step: the backward's launches (autograd's own "
-        "thread: the adapters' and the input's gradients in `_Projections.backward`) are the larger part of the "
-        "host's work. What one launch costs this host (`python docs/runs/scripts/launch_costs.py`: 200 calls on "
+        "thread: `_Projections.backward`'s adapter and input gradients, Liger's norm backward, and the native "
+        "autograd nodes between them, which py-spy does not break down) are the larger part of the host's work. "
+        "What one launch costs this host (`python docs/runs/scripts/launch_costs.py`: 200 calls on "
         "64-token tensors, the device far ahead):",
         host_launches(),
         "A launch through Triton's launcher (nf4 dequantisation, seeded dropout) costs this host the most, and a fast "
