@@ -1083,7 +1083,7 @@ def flex_section() -> str:
         packed, "",
         "**fast over Unsloth's best on packed rows >= 1.15x: met at every seq_len, with a caveat.** Unsloth's packed "
         "bests are far below its fixed-length ones of the sections below: neither flash-attn nor xformers was "
-        "installed on this machine (an xformers wheel for this torch is in the package registry; it was not carried), "
+        "installed on this machine, "
         "so its attention over packed rows went through its SDPA dispatch (torch's varlen kernel, one SDPA call per "
         "run of equal lengths, or a block-diagonal mask). Not profiled yet; until Unsloth runs with xformers, read "
         "this ratio as against Unsloth without its varlen kernels. The fast / hf "
@@ -1233,8 +1233,8 @@ def h100_section() -> str:
         "about Unsloth's, spent on the layers it recomputes to fit 22 GiB at batch 8 where Unsloth fits batch 4 with "
         "none. Packed rows: Unsloth's elementwise share is its attention mask over one packed row (aten::fill_, add_, "
         "copies: profile.txt) on top of cuDNN attention: without xformers or flash-attn Unsloth has no varlen kernel "
-        "here. The xformers wheel in the package registry (0.0.35) was built for torch 2.10 with CUDA 12.8 and does not "
-        "load its CUDA extensions on the device's torch 2.11 with CUDA 13.0 (machine a's first call, "
+        "here. xformers 0.0.35, its newest release, was built for torch 2.10 with CUDA 12.8 and does not "
+        "load its CUDA extensions under the machine's torch 2.11 with CUDA 13.0 (machine a's first call, "
         "xformers_c0.txt): so this ratio stays one against Unsloth without its varlen kernels.", "",
         f"The L4 source cell (`+experiment=trl_l4_check`, issue 39) alone on machine a: {lm['perf/tokens_per_s']:,.0f} "
         f"non-pad tok/s ({FLEX}'s, beside three other lists: {l4_flex.metrics['perf/tokens_per_s']:,.0f}), its profiled step {lm['prof/step_ms']:,.0f} ms "
@@ -1302,20 +1302,16 @@ def spy_shares(name: str) -> dict:
 
     d = json.loads(lzma.open(RUNS / HOST / f"spy_{name}.json.xz").read())
     names = [f["name"] for f in d["shared"]["frames"]]
-    out = {}
-    for p in d["profiles"]:
-        stacks = [{names[i] for i in s} for s in p["samples"]]
-        if "lorabench-host-memory" in p["name"]:
-            out["watchdog"] = sum(not any(n.endswith("wait") for n in s) for s in stacks) / len(stacks)
-        step = [k for k, s in enumerate(stacks) if any(n.endswith("training_step") for n in s)]
-        if len(step) > len(out.get("_step", [])):
-            done = max(k for k, s in enumerate(stacks) if any(c in n for n in s for c in COMPILING))
-            window = stacks[done + 1:step[-1] + 1]
-            out["_step"], out["samples"] = step, len(window)
-            out["forward"] = sum(any(n == "lce_forward" or n.endswith("ForCausalLM.forward") for n in s)
-                                 for s in window) / len(window)
-            out["backward"] = sum("_engine_run_backward" in s for s in window) / len(window)
-    return out
+    threads = {p["name"]: [{names[i] for i in s} for s in p["samples"]] for p in d["profiles"]}
+    in_step = lambda stacks: [k for k, s in enumerate(stacks) if any(n.endswith("training_step") for n in s)]  # noqa: E731
+    (watchdog,) = [st for t, st in threads.items() if "lorabench-host-memory" in t]
+    train = max(threads.values(), key=lambda st: len(in_step(st)))  # the thread that runs the Trainer's steps
+    done = max(k for k, s in enumerate(train) if any(c in n for n in s for c in COMPILING))
+    window = train[done + 1:in_step(train)[-1] + 1]
+    share = lambda hit: sum(map(hit, window)) / len(window)  # noqa: E731
+    return {"watchdog": sum(not any(n.endswith("wait") for n in s) for s in watchdog) / len(watchdog),
+            "forward": share(lambda s: any(n == "lce_forward" or n.endswith("ForCausalLM.forward") for n in s)),
+            "backward": share(lambda s: "_engine_run_backward" in s)}
 
 
 HOST_CELLS = ("qwen_unsloth", "qwen_fast_b4", "qwen_fast_b4_old_guard", "qwen_fast_b8", "gemma_unsloth",
@@ -1373,8 +1369,8 @@ def host_section() -> str:
         f"### Where fast's host time goes on issue 34's two missed bests; the bests measured again ({gpu}, commits "
         "54da436, 004b28f, 818a2d8)",
         "Issue 34's Qwen2.5-7B and Gemma-2-9B bests (22 GiB, seq 1024) led Unsloth's by less than 1.15x while their "
-        "device was idle part of each step. Three consecutive lends of one NVIDIA H100 80GB HBM3 (device tool kind "
-        "nvidia-h100-x1), one cell at a time. Each model's fast cell at batch 1 x 64 tokens, where the device's work "
+        "device was idle part of each step. Three machines of one NVIDIA H100 80GB HBM3 "
+        "each, one after the other, one cell at a time. Each model's fast cell at batch 1 x 64 tokens, where the device's work "
         "is a small part of the step, so that the step's time is the host's, and at batch 4 x 1024 (Qwen2.5: nothing "
         "recomputed; Gemma-2: 0.25 offloaded), every one under py-spy (sampling at 250 Hz without pausing the "
         "process; for the batch-1 cells its samples in time order per thread, waits included; the shares are of the "
@@ -1556,7 +1552,7 @@ def glance() -> str:
         f"and {_x(hw[1024]['fast'], hw[1024]['unsloth'])} at seq 1024 (issue 35 asks 1.10x). Earlier bests measured "
         "again within 22 GiB and profiled side by side, fast over Unsloth: " + ", ".join(
             f"{t.split(', ')[0]} ({t.split(', ')[2]}) {v_['fast'] / v_['unsloth']:.2f}x" for t, v_ in hp.items())
-        + " (Unsloth's packed rows without a varlen kernel: the registry's xformers does not load on that torch); "
+        + " (Unsloth's packed rows without a varlen kernel: xformers' newest release does not load on that torch); "
         f"Gemma-2 searched again alone: fast's best {gx:.3f}x Unsloth's best layout (issue 34 asks 1.15x). A "
         f"published L4 QLoRA run projected from its cell on the H100: {100 * float(hv['error']):+.1f}% (a cell with the "
         "fp32 embedding and head, which the source's run did not have: see the L4 line above).",
