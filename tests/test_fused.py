@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from conftest import BF16_GRADS, BF16_LOSS, SAME_MATH, compose_cfg, requires_cuda, spy
-from lorabench import checks, fused
+from lorabench import checks, flat_optim, fused
 from test_backends import assert_grads_close, lora_grads
 
 
@@ -139,3 +139,48 @@ def test_fused_lora_with_seeded_dropout_matches_its_mask_on_gpu(monkeypatch):
     monkeypatch.setattr(fused, "_dropout", lambda x2, p, seeded: (x2 * mask / (1 - p), mask))
     for a, b in zip(seeded, run()):
         torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_adapters_cast_once_a_step_give_the_casts_bits(dropout):
+    """bf16 on CPU: the Function's outputs and gradients with the adapters read from flat_optim's copy cast
+    once a step equal those with each adapter cast at its use, bit for bit; after an optimizer step the
+    copy holds the new values (the outputs move with the adapters)."""
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(0)
+    model = nn.Sequential()
+    for name, out in (("q", 64), ("k", 32), ("o", 64)):
+        model.add_module(name, nn.Linear(64, out, bias=False))
+    model = get_peft_model(model.to(torch.bfloat16), LoraConfig(r=4, target_modules=["q", "k", "o"],
+                                                                lora_dropout=dropout, init_lora_weights=False))
+    model.float()  # fp32 adapters, as QLoRA keeps them; the Function computes in x's dtype
+    qk = tuple(fused._split(model.base_model.model[i]) for i in (0, 1))
+    o = (fused._split(model.base_model.model[2]),)
+    x = torch.randn(2, 8, 64, dtype=torch.bfloat16)
+
+    def run():
+        torch.manual_seed(1)  # the dropout masks
+        xg = x.clone().requires_grad_()
+        ys = fused.project(xg, qk, training=True) + fused.project(xg[..., :64], o, training=True)
+        sum((y.float() * (i + 1)).sum() for i, y in enumerate(ys)).backward()
+        grads = [xg.grad] + [p.grad.clone() for p in model.parameters() if p.requires_grad]
+        model.zero_grad()
+        return [y.detach() for y in ys], grads
+
+    ys, grads = run()
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    assert flat_optim.flatten(opt) == 6
+    ys_flat, grads_flat = run()
+    for a, b in zip(ys + grads, ys_flat + grads_flat):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    copy, _ = model.base_model.model[0].lora_A["default"].weight.lorabench_low
+    assert copy.fresh == {torch.bfloat16}
+    for p in model.parameters():
+        p.grad = torch.ones_like(p) if p.requires_grad else None
+    opt.step()
+    assert copy.fresh == set()  # stale until its next use
+    ys_next, _ = run()
+    assert not torch.equal(ys_next[0], ys[0])
+    a = model.base_model.model[0].lora_A["default"].weight
+    assert torch.equal(flat_optim.low(a, torch.bfloat16), a.detach().to(torch.bfloat16))

@@ -565,6 +565,10 @@ class BackendConfig:
     # saves). Without it the Triton kernel undoes the double quantisation itself, in the same launch, so
     # keeping them saves only two gathers per weight. Off in fast (memory budgets); a knob to sweep.
     absmax_cache: bool = False
+    # On CUDA, every Triton kernel (Liger's and lorabench's) launched past most of JITFunction.run's per-call
+    # host work once its compiled kernel is known (lorabench.lean_launch): the same kernels on the same
+    # arguments, ~30 launches per decoder layer a step fewer microseconds each where the host sets the pace.
+    lean_launch: bool = False
     # With Liger's RMSNorm: its backward, where the norm's weight is frozen (QLoRA), launched with one
     # program per 4 rows instead of one per SM (lorabench.norm_kernels): the same arithmetic.
     norm_backward_grid: bool = False

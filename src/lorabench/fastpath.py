@@ -360,6 +360,8 @@ PARTS = (
     Part("expandable_segments", "the caching allocator's expandable segments", Stage.CELL, Cuda.ONLY),
     Part("norm_backward_grid", "Liger's RMSNorm backward on a full grid where the weight is frozen "
          "(lorabench.norm_kernels)", Stage.CELL, Cuda.FALLBACK, through=("liger",)),
+    Part("lean_launch", "Triton's kernels (Liger's, lorabench's) launched past JITFunction.run's per-call host "
+         "work once compiled (lorabench.lean_launch)", Stage.CELL, Cuda.ONLY),
     Part("packing", "samples packed into full rows where the data has padding (data.packing)", Stage.DATA),
     Part("varlen_attention", "packed rows' attention as varlen flash attention, no mask "
          "(lorabench.packed_attention)", Stage.BEFORE_LORA, Cuda.ONLY, lacks=_varlen_lacks, apply=_apply_varlen),
@@ -473,12 +475,13 @@ def apply(model, c: Config, device: torch.device, stage: Stage):
 @contextlib.contextmanager
 def around_cell(c: Config, hf=None):
     """The allocator's settings, Liger's module-level replacements in transformers' code for the cell's
-    architecture (`hf`, its transformers config: by default the cell's model's) and lorabench's launch of
-    Liger's RMSNorm backward; undone at the end, whatever happened (a multirun trains its next cell, maybe
-    backend=hf, in the same process)."""
-    from lorabench import norm_kernels
+    architecture (`hf`, its transformers config: by default the cell's model's), lorabench's launch of
+    Liger's RMSNorm backward and of every Triton kernel (lean_launch); undone at the end, whatever happened
+    (a multirun trains its next cell, maybe backend=hf, in the same process)."""
+    from lorabench import lean_launch, norm_kernels
 
-    with _allocator(c), _liger_undone(c, hf), _loss_chunks(c), \
+    lean = c.backend.lean_launch and torch.cuda.is_available() and importlib.util.find_spec("triton") is not None
+    with _allocator(c), _liger_undone(c, hf), _loss_chunks(c), lean_launch.patched(lean), \
             norm_kernels.frozen_weight_grid(c.backend.norm_backward_grid and "rms_norm" in c.backend.liger):
         yield
 

@@ -17,6 +17,12 @@ least `min_8bit_size` (4,096: smaller tensors keep 32-bit states). LoRA r16 on M
 and 65,536 or 16,384 (B) elements, all join. Adafactor factors each matrix's second moment by rows and
 columns, so it is refused. Per-tensor options (bitsandbytes' max_unorm, its per-parameter overrides)
 would see the flat tensor: lorabench sets none of them.
+
+The adapters compute in the activations' dtype (bf16 under autocast), so each use casts them from fp32:
+lorabench.fused cast each adapter tensor in every forward and again in every backward, ~16 launches per
+decoder layer for LoRA on q/k/v/o, each a host launch and nothing for the GPU (a 16 x 4,096 cast). Each
+flat tensor here also keeps `LowCopy`: itself in that dtype, cast in one launch at the first use after each
+optimizer step, whose views the adapters' uses read (`low`). The same rounding as the casts it replaces.
 """
 
 from __future__ import annotations
@@ -40,6 +46,40 @@ def _joins(optimizer: torch.optim.Optimizer):
                      f"on its own; use backend.flat_optimizer=false")
 
 
+class LowCopy:
+    """A flat parameter in the dtypes its views are used in, cast again at the first use after each
+    optimizer step (`stale`); before the first use nothing is cast (a DDP wrap may still overwrite the
+    adapters with rank 0's values after the optimizer is built, as the Trainer does)."""
+
+    def __init__(self, flat: nn.Parameter, ps: list[nn.Parameter]):
+        self.flat, self.shapes = flat, [p.shape for p in ps]
+        self.copies: dict[torch.dtype, list[torch.Tensor]] = {}  # dtype: the views of its cast, in ps' order
+        self.fresh: set[torch.dtype] = set()
+
+    def stale(self, *_) -> None:
+        self.fresh.clear()
+
+    def view(self, i: int, dtype: torch.dtype) -> torch.Tensor:
+        """The `i`th tensor of the flat parameter in `dtype`, as `p.to(dtype)` would give it."""
+        if dtype not in self.fresh:
+            if dtype not in self.copies:
+                low = torch.empty(self.flat.shape, dtype=dtype, device=self.flat.device)
+                self.copies[dtype] = [v.view(s) for v, s in zip(low.split([s.numel() for s in self.shapes]),
+                                                                 self.shapes)]
+                self.copies[dtype].append(low)
+            self.copies[dtype][-1].copy_(self.flat.detach())
+            self.fresh.add(dtype)
+        return self.copies[dtype][i]
+
+
+def low(p: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`p` in `dtype`: a view of its flat parameter's LowCopy where `flatten` gave it one, else a cast."""
+    if p.dtype == dtype:
+        return p
+    copy = getattr(p, "lorabench_low", None)
+    return p.to(dtype) if copy is None else copy[0].view(copy[1], dtype)
+
+
 def flatten(optimizer: torch.optim.Optimizer) -> int:
     """Replace the parameters of `optimizer` (before its first step) by flat ones; returns how many
     tensors now live in flat ones. The model's Parameters stay where they are as objects."""
@@ -56,8 +96,11 @@ def flatten(optimizer: torch.optim.Optimizer) -> int:
                 kept += ps
                 continue
             flat = nn.Parameter(torch.cat([p.detach().reshape(-1) for p in ps]))
-            for p, view in zip(ps, flat.detach().split([p.numel() for p in ps])):
+            copy = LowCopy(flat, ps)
+            for i, (p, view) in enumerate(zip(ps, flat.detach().split([p.numel() for p in ps]))):
                 p.data = view.view_as(p)  # the same Parameter object, its storage now inside `flat`
+                p.lorabench_low = (copy, i)
+            optimizer.register_step_post_hook(copy.stale)
             flats.append((flat, ps))
             kept.append(flat)
         group["params"] = kept

@@ -16,7 +16,9 @@ backward, per projection: its dropped-out input (2 bytes per element) and its ma
 Saved: X once for the group, XA_i, and the masks as bool (1 byte/element), or with seeded dropout
 (lorabench.dropout_kernels, CUDA) only their seeds: at batch 16 x 512 tokens 64 (+ 3 x 32) MiB for
 q, k, v against PEFT's 3 x (64 + 32) MiB. The adapters compute in the activations' dtype (bf16), as
-PEFT's do under autocast, and their gradients are returned in the parameters' dtype (fp32).
+PEFT's do under autocast, cast once in the forward and kept for the backward (with flat_optimizer: views
+of one cast a step, lorabench.flat_optim.LowCopy); their gradients are returned in the parameters' dtype
+(fp32). The scale s is each adapter gradient GEMM's alpha, applied before the product is rounded.
 
 The arithmetic is PEFT's; only where it happens changes. The LoRA parameters stay PEFT's own modules,
 so saving, loading and merging adapters is unchanged.
@@ -32,6 +34,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from lorabench import flat_optim
 
 
 @dataclass(frozen=True)
@@ -127,33 +131,37 @@ class _Projections(torch.autograd.Function):
         dtype = x.dtype
         x2 = x.reshape(-1, x.shape[-1])
         merged = _merges(group, ps)
+        # The adapters in the activations' dtype, cast once here and kept for the backward (a bf16 copy of
+        # LoRA r16 weighs 128 KiB per 4,096-wide tensor), or views of flat_optim's copy cast once a step.
+        lows = [flat_optim.low(t, dtype) for t in adapters]
         if merged:
-            xa_all = x2 @ torch.cat(adapters[0::2]).to(dtype).t()  # [tokens x sum of r]
-            xa_parts = iter(xa_all.split([a.shape[0] for a in adapters[0::2]], dim=1))
+            xa_all = x2 @ torch.cat(lows[0::2]).t()  # [tokens x sum of r]
+            xa_parts = iter(xa_all.split([a.shape[0] for a in lows[0::2]], dim=1))
         ys, xas, keys = [], [], []
         k = 0
         for proj, p in zip(group, ps):
             y = _base(x2, proj, dtype)
             if proj.lora is not None:
-                a, b = adapters[k], adapters[k + 1].to(dtype)
+                a, b = lows[k], lows[k + 1]
                 k += 2
                 if merged:
                     xa = next(xa_parts)  # a column block of XA (cuBLAS reads it with its row stride)
                 else:
                     xd, key = _dropout(x2, p, seeded) if p > 0 else (x2, None)
-                    xa = xd @ a.to(dtype).t()
+                    xa = xd @ a.t()
                     del xd
                     xas.append(xa)
                     keys.append(key)
                 y.addmm_(xa, b.t(), alpha=proj.lora.scaling[_adapter(proj.lora)])
             ys.append(y.view(*x.shape[:-1], -1))
         ctx.group, ctx.ps, ctx.shape, ctx.merged = group, ps, x.shape, merged
+        ctx.dtypes = [t.dtype for t in adapters]  # the gradients' (the parameters')
         # Seeds (and None) stay on ctx as they are, bool masks go through save_for_backward.
         masks = [k for k in keys if isinstance(k, torch.Tensor)]
         ctx.keys = ["mask" if isinstance(k, torch.Tensor) else k for k in keys]
         # X is kept only for the adapters' gradients: a group without adapters (the MLP's, where LoRA
         # adapts q/k/v/o only) keeps nothing, as bitsandbytes' 4-bit matmul keeps nothing.
-        ctx.save_for_backward(x2 if adapters else None, *adapters, *([xa_all] if merged else xas), *masks)
+        ctx.save_for_backward(x2 if adapters else None, *lows, *([xa_all] if merged else xas), *masks)
         return tuple(ys)
 
     @staticmethod
@@ -168,6 +176,7 @@ class _Projections(torch.autograd.Function):
             xas, masks = rest[n_ad:n_ad + n_ad // 2], iter(rest[n_ad + n_ad // 2:])
             keys = [next(masks) if k == "mask" else k for k in ctx.keys]
             grads, terms, dropped = _adapter_grads(ctx.group, ctx.ps, dys, x2, adapters, xas, keys)
+        grads = [g.to(dtype) for g, dtype in zip(grads, ctx.dtypes)]
         dx = None
         if ctx.needs_input_grad[0]:
             dx = _input_grad(ctx.group, dys, terms)
@@ -200,35 +209,39 @@ def _adapter_grads(group, ps, dys, x2, adapters, xas, keys):
     for proj, p, dy in zip(group, ps, dys):
         if proj.lora is None:
             continue
-        a32, b32 = adapters[k], adapters[k + 1]
+        a, b = adapters[k], adapters[k + 1]
         xa, key = xas[k // 2], keys[k // 2]
         k += 2
-        a, b, s = a32.to(dy.dtype), b32.to(dy.dtype), proj.lora.scaling[_adapter(proj.lora)]
-        g = (dy @ b).mul_(s)  # [tokens x r]
-        db = (dy.t() @ xa).mul_(s)
+        s = proj.lora.scaling[_adapter(proj.lora)]
+        g = _scaled_mm(dy, b, s)  # [tokens x r]
+        db = _scaled_mm(dy.t(), xa, s)
         da = g.t() @ (x2 if key is None else _replay(x2, key, p))
         if key is None:
             terms.append((g, a))
         else:
             dropped.append((g, a, key, p))
-        grads += [da.to(a32.dtype), db.to(b32.dtype)]
+        grads += [da, db]
     return grads, terms, dropped
+
+
+def _scaled_mm(a: torch.Tensor, b: torch.Tensor, s: float) -> torch.Tensor:
+    """s (a @ b) with the scale in the GEMM (its alpha) rather than a multiply launched after it. With beta=0
+    addmm ignores its input (torch's documentation: nan and inf in it are not propagated)."""
+    return torch.addmm(a.new_empty(()), a, b, beta=0, alpha=s)
 
 
 def _merged_adapter_grads(group, dys, x2, adapters, xa_all):
     """dA_i, dB_i of adapters that share their thin GEMMs (see _Projections), and their dX term."""
-    a_all = torch.cat(adapters[0::2]).to(x2.dtype)  # [sum of r x in]
+    a_all = torch.cat(adapters[0::2])  # [sum of r x in]
     parts = xa_all.split([a.shape[0] for a in adapters[0::2]], dim=1)
     gs, dbs = [], []
-    for proj, dy, b32, xa in zip(group, dys, adapters[1::2], parts):
+    for proj, dy, b, xa in zip(group, dys, adapters[1::2], parts):
         s = proj.lora.scaling[_adapter(proj.lora)]
-        gs.append((dy @ b32.to(dy.dtype)).mul_(s))  # [tokens x r]
-        dbs.append((dy.t() @ xa).mul_(s))
+        gs.append(_scaled_mm(dy, b, s))  # [tokens x r]
+        dbs.append(_scaled_mm(dy.t(), xa, s))
     g_all = torch.cat(gs, dim=1)
     das = (g_all.t() @ x2).split([g.shape[1] for g in gs])
-    grads = [t.to(p.dtype) for da, db, a32, b32 in zip(das, dbs, adapters[0::2], adapters[1::2])
-             for t, p in ((da, a32), (db, b32))]
-    return grads, [(g_all, a_all)], []
+    return [t for da, db in zip(das, dbs) for t in (da, db)], [(g_all, a_all)], []
 
 
 def project(x: torch.Tensor, group: tuple[Projection, ...], training: bool,

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Issue 34's two missed bests on one H100 alone (device tool kind nvidia-h100-x1) after fewer host launches per
+# decoder layer: every Triton kernel launched past JITFunction.run's per-call work (backend.lean_launch,
+# lorabench.lean_launch), the adapters cast to bf16 once a step instead of at each use (lorabench.flat_optim's
+# LowCopy, in lorabench.fused), the adapter gradients' scale in their GEMMs. Unsloth's searched best layout and
+# fast's best layout of Qwen2.5-7B and Gemma-2-9B within 22 GiB at seq 1024 in one run, fast also with
+# backend.lean_launch=false (that part's own share); what one launch costs, with and without lean_launch.
+#   source docs/runs/scripts/device_setup.sh <commit> c0      (carry .whl: installs it)
+#   bash docs/runs/scripts/2026-11-26_lean.sh <commit> c1|c2   (carry .whl_b and .whl_unsloth)
+#     c1: the launch costs, the GPU tests of the parts changed, Qwen2.5's cells; c2: Gemma-2's cells, then the
+#     host's floor (batch 1 x 64 tokens) of Qwen2.5 with and without lean_launch
+set -u
+LIMIT_S=${LIMIT_S:-560}; source "$(dirname "$0")/device_setup.sh" "$@"  # wheels, environment, t0
+source "$(dirname "$0")/gpu_lists.sh" "$@"  # /tmp/runs, the clocks, left, sweep, pack_call
+cell="-m +experiment=seed_optimum train.max_steps=14 train.untimed_steps=4 gpu=a10 seq_len=1024"
+q="$cell model=qwen2.5-7b"; g="$cell model=gemma-2-9b"
+if [ $2 = c1 ]; then
+  python3 docs/runs/scripts/launch_costs.py > $R/launch_costs.md 2>&1
+  timeout 200 python3 -m pytest -q -m gpu tests/test_lean_launch.py tests/test_fused.py tests/test_flat_optim.py \
+    tests/test_backends.py tests/test_fast_parts.py -k "not unsloth" > $R/gpu_tests.txt 2>&1; tail -1 $R/gpu_tests.txt
+  sweep 0 qwen_unsloth $q backend=unsloth batch=4 train.gradient_checkpointing=false
+  sweep 0 qwen_fast_b4 $q backend=fast batch=4 $ckpt=0
+  sweep 0 qwen_fast_b4_nolean $q backend=fast batch=4 $ckpt=0 backend.lean_launch=false
+  pack_call $2; exit
+fi
+sweep 0 gemma_unsloth $g backend=unsloth batch=8 $ckpt=1 backend.unsloth_offload=false
+sweep 0 gemma_fast_b4_c25 $g backend=fast batch=4 $ckpt=0.25
+sweep 0 gemma_fast_b4_c25_nolean $g backend=fast batch=4 $ckpt=0.25 backend.lean_launch=false
+tiny="+experiment=seed_optimum train.untimed_steps=5 gpu=a10 backend=fast $ckpt=0 model=qwen2.5-7b batch=1 seq_len=64"
+sweep 0 qwen_tiny -m $tiny train.max_steps=25
+sweep 0 qwen_tiny_nolean -m $tiny train.max_steps=25 backend.lean_launch=false
+pack_call $2
