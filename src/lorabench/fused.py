@@ -8,17 +8,19 @@ backward, per projection: its dropped-out input (2 bytes per element) and its ma
 
 `project` does one group of projections that read the same input (q, k and v; or o alone):
   forward   per projection i: Y_i = X W_i^T (W_i dequantised, not kept), and with an adapter
-            X_d = dropout_i(X) (its mask kept, 1 byte/element), XA_i = X_d A_i^T  [tokens x r],
-            Y_i += s XA_i B_i^T inside the same cuBLAS call (addmm_: the scale and the add are its epilogue)
+            X_d = dropout_i(X) (its mask kept, 1 byte/element), XA_i = s X_d A_i^T  [tokens x r] (s in
+            the GEMM's alpha), Y_i += XA_i B_i^T inside the same cuBLAS call (addmm_: the add is its epilogue)
   backward  dX = sum_i dY_i W_i (GEMMs accumulating into one buffer: no separate adds);
-            G_i = s dY_i B_i, dB_i = s dY_i^T XA_i, dA_i = G_i^T X_d (X_d rebuilt from X and the mask),
-            dX += mask/(1-p) * (G_i A_i)
+            G_i = s dY_i B_i, dB_i = dY_i^T XA_i, dA_i = G_i^T X_d (X_d rebuilt from X and the mask),
+            dX += mask/(1-p) * (G_i A_i); on CUDA dA_i and dB_i written in fp32 by their GEMMs
 Saved: X once for the group, XA_i, and the masks as bool (1 byte/element), or with seeded dropout
 (lorabench.dropout_kernels, CUDA) only their seeds: at batch 16 x 512 tokens 64 (+ 3 x 32) MiB for
 q, k, v against PEFT's 3 x (64 + 32) MiB. The adapters compute in the activations' dtype (bf16), as
 PEFT's do under autocast, cast once in the forward and kept for the backward (with flat_optimizer: views
 of one cast a step, lorabench.flat_optim.LowCopy); their gradients are returned in the parameters' dtype
-(fp32). The scale s is each adapter gradient GEMM's alpha, applied before the product is rounded.
+(fp32). Each multiply by s is a GEMM's alpha, applied before the product is rounded: PEFT rounds the
+product, then multiplies. The same arithmetic up to bf16 rounding; every launch saved is host time on a
+host-bound step (docs/fast-path.md, "When the host sets the pace").
 
 The arithmetic is PEFT's; only where it happens changes. The LoRA parameters stay PEFT's own modules,
 so saving, loading and merging adapters is unchanged.
@@ -142,17 +144,17 @@ class _Projections(torch.autograd.Function):
         for proj, p in zip(group, ps):
             y = _base(x2, proj, dtype)
             if proj.lora is not None:
-                a, b = lows[k], lows[k + 1]
+                a, b, s = lows[k], lows[k + 1], proj.lora.scaling[_adapter(proj.lora)]
                 k += 2
-                if merged:
-                    xa = next(xa_parts)  # a column block of XA (cuBLAS reads it with its row stride)
-                else:
+                if merged:  # a column block of XA (cuBLAS reads it with its row stride); s in the add
+                    y.addmm_(next(xa_parts), b.t(), alpha=s)
+                else:  # XA scaled in its GEMM (s X_d A^T), kept so: dB = dY^T (s XA) needs no multiply
                     xd, key = _dropout(x2, p, seeded) if p > 0 else (x2, None)
-                    xa = xd @ a.t()
+                    xa = _scaled_mm(xd, a.t(), s)
                     del xd
                     xas.append(xa)
                     keys.append(key)
-                y.addmm_(xa, b.t(), alpha=proj.lora.scaling[_adapter(proj.lora)])
+                    y.addmm_(xa, b.t())
             ys.append(y.view(*x.shape[:-1], -1))
         ctx.group, ctx.ps, ctx.shape, ctx.merged = group, ps, x.shape, merged
         ctx.dtypes = [t.dtype for t in adapters]  # the gradients' (the parameters')
@@ -176,7 +178,7 @@ class _Projections(torch.autograd.Function):
             xas, masks = rest[n_ad:n_ad + n_ad // 2], iter(rest[n_ad + n_ad // 2:])
             keys = [next(masks) if k == "mask" else k for k in ctx.keys]
             grads, terms, dropped = _adapter_grads(ctx.group, ctx.ps, dys, x2, adapters, xas, keys)
-        grads = [g.to(dtype) for g, dtype in zip(grads, ctx.dtypes)]
+        grads = [g.to(dtype) for g, dtype in zip(grads, ctx.dtypes)]  # no-ops where they are fp32 already
         dx = None
         if ctx.needs_input_grad[0]:
             dx = _input_grad(ctx.group, dys, terms)
@@ -212,10 +214,9 @@ def _adapter_grads(group, ps, dys, x2, adapters, xas, keys):
         a, b = adapters[k], adapters[k + 1]
         xa, key = xas[k // 2], keys[k // 2]
         k += 2
-        s = proj.lora.scaling[_adapter(proj.lora)]
-        g = _scaled_mm(dy, b, s)  # [tokens x r]
-        db = _scaled_mm(dy.t(), xa, s)
-        da = g.t() @ (x2 if key is None else _replay(x2, key, p))
+        g = _scaled_mm(dy, b, proj.lora.scaling[_adapter(proj.lora)])  # [tokens x r]
+        db = _mm32(dy.t(), xa)  # xa holds s X_d A^T
+        da = _mm32(g.t(), x2 if key is None else _replay(x2, key, p))
         if key is None:
             terms.append((g, a))
         else:
@@ -228,6 +229,15 @@ def _scaled_mm(a: torch.Tensor, b: torch.Tensor, s: float) -> torch.Tensor:
     """s (a @ b) with the scale in the GEMM (its alpha) rather than a multiply launched after it. With beta=0
     addmm ignores its input (torch's documentation: nan and inf in it are not propagated)."""
     return torch.addmm(a.new_empty(()), a, b, beta=0, alpha=s)
+
+
+def _mm32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b for an adapter's gradient: on CUDA from bf16/fp16 inputs written in fp32 (the parameters' dtype
+    under QLoRA) by the GEMM itself (out_dtype: one rounding, no cast launched after it); elsewhere in the
+    inputs' dtype, cast to the parameter's at the end of the backward."""
+    if a.is_cuda and a.dtype in (torch.bfloat16, torch.float16):
+        return torch.mm(a, b, out_dtype=torch.float32)
+    return a @ b
 
 
 def _merged_adapter_grads(group, dys, x2, adapters, xa_all):
