@@ -170,28 +170,37 @@ def test_triton_dequant_is_bitsandbytes_bit_for_bit_on_gpu(nested):
 
 @pytest.mark.gpu
 @requires_cuda
-def test_norm_backward_grid_gives_liger_s_bits_on_gpu():
-    """Liger's RMSNorm with a frozen weight, [3 x 2000 x 4096] bf16: the same dX bits on the full
-    grid as on Liger's own launch, and Liger's launch where the weight trains."""
+@pytest.mark.parametrize("casting", ["llama", "gemma"])
+def test_norm_backward_grid_gives_liger_s_bits_on_gpu(monkeypatch, casting):
+    """Liger's RMSNorm with a frozen weight, [3 x 2000 x 4096] bf16 (Llama's casting; Gemma's, with its +1
+    offset): the same Y and dX bits through lorabench's launches (_FrozenRMSNorm: forward kernel, backward on
+    the full grid) as through Liger's own, and Liger's own launches where the weight trains."""
     from liger_kernel.transformers.rms_norm import LigerRMSNorm
 
     from lorabench import norm_kernels
 
     torch.manual_seed(0)
-    norm = LigerRMSNorm(4096).cuda().to(torch.bfloat16)
-    nn.init.normal_(norm.weight, 1.0, 0.1)
+    offset = 1.0 if casting == "gemma" else 0.0
+    norm = LigerRMSNorm(4096, offset=offset, casting_mode=casting, init_fn="ones").cuda().to(torch.bfloat16)
+    nn.init.normal_(norm.weight, 1.0 - offset, 0.1)
     x = torch.randn(3, 2000, 4096, device="cuda", dtype=torch.bfloat16)
     dy = torch.randn_like(x)
+    lean = spy(monkeypatch, norm_kernels._FrozenRMSNorm, "apply")
 
-    def dx(frozen: bool, grid: bool):
+    def run(frozen: bool, grid: bool):
         norm.weight.requires_grad_(not frozen)
         xi = x.clone().requires_grad_(True)
         with norm_kernels.frozen_weight_grid(grid):
-            norm(xi).backward(dy.clone())
-        return xi.grad
+            y = norm(xi)
+            y.backward(dy.clone())
+        return y.detach(), xi.grad
 
-    assert torch.equal(dx(True, True), dx(True, False))
-    assert torch.equal(dx(False, True), dx(False, False))
+    for a, b in zip(run(True, True), run(True, False)):
+        assert torch.equal(a, b)
+    assert len(lean) == 1  # the frozen cell with the context on
+    for a, b in zip(run(False, True), run(False, False)):
+        assert torch.equal(a, b)
+    assert len(lean) == 1
 
 
 @pytest.mark.gpu

@@ -570,7 +570,8 @@ class BackendConfig:
     # arguments, ~30 launches per decoder layer a step fewer microseconds each where the host sets the pace.
     lean_launch: bool = False
     # With Liger's RMSNorm: its backward, where the norm's weight is frozen (QLoRA), launched with one
-    # program per 4 rows instead of one per SM (lorabench.norm_kernels): the same arithmetic.
+    # program per 4 rows instead of one per SM, and its forward and backward without Liger's per-call
+    # wrappers (lorabench.norm_kernels): the same kernels and arithmetic.
     norm_backward_grid: bool = False
     # Each decoder layer's attention residual add inside its post-attention RMSNorm (Liger's fused add +
     # RMSNorm on CUDA, lorabench.norm_kernels): 3 passes over the residual stream less per layer.

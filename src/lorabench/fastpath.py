@@ -358,8 +358,9 @@ READS_WEIGHTS = "reads each projection's 4-bit weight and quant state itself (lo
 # In the order they are applied (within a stage, top first).
 PARTS = (
     Part("expandable_segments", "the caching allocator's expandable segments", Stage.CELL, Cuda.ONLY),
-    Part("norm_backward_grid", "Liger's RMSNorm backward on a full grid where the weight is frozen "
-         "(lorabench.norm_kernels)", Stage.CELL, Cuda.FALLBACK, through=("liger",)),
+    Part("norm_backward_grid", "Liger's RMSNorm where the weight is frozen: its backward on a full grid, "
+         "forward and backward launched without Liger's per-call wrappers (lorabench.norm_kernels)", Stage.CELL,
+         Cuda.FALLBACK, through=("liger",)),
     Part("lean_launch", "Triton's kernels (Liger's, lorabench's) launched past JITFunction.run's per-call host "
          "work once compiled (lorabench.lean_launch)", Stage.CELL, Cuda.ONLY),
     Part("packing", "samples packed into full rows where the data has padding (data.packing)", Stage.DATA),

@@ -1,5 +1,6 @@
-"""Liger's RMSNorm backward launched for a frozen weight (backend.norm_backward_grid), and the
-attention's residual add inside the MLP's RMSNorm (backend.fused_add_norm).
+"""Liger's RMSNorm launched for a frozen weight (backend.norm_backward_grid: its backward on a full grid,
+its forward and backward without LigerRMSNormFunction's per-call wrappers), and the attention's residual
+add inside the MLP's RMSNorm (backend.fused_add_norm).
 
 Liger launches its RMSNorm backward with one program per SM (132 on an H100), each walking
 n_rows / 132 rows one after another, so that each program sums its rows' share of dW in registers.
@@ -20,6 +21,7 @@ rounded to bf16 before it is normalised, as the unfused add rounds it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import types
 
 import torch
@@ -73,22 +75,85 @@ def _fused_backward(original):
     return fused_add_rms_norm_backward
 
 
+class _FrozenRMSNorm(torch.autograd.Function):
+    """Liger's RMSNorm of a frozen weight, its own forward kernel (one program per row, as Liger launches it
+    for rows wider than 256) and its backward on the full grid above, launched without
+    LigerRMSNormFunction's per-call wrappers (its argument copies, device context, DTensor checks, settings),
+    a forward and a backward per norm and layer, host time on a host-bound step. The same kernels with the
+    same arguments: the same bits (tests/test_fast_parts.py)."""
+
+    @staticmethod
+    def forward(ctx, x, w, eps, offset, mode, block, warps, in_place):
+        from liger_kernel.ops import rms_norm as ln
+
+        x2 = x.view(-1, x.shape[-1])
+        n_rows, n_cols = x2.shape
+        y = torch.empty_like(x2)
+        rstd = torch.empty(n_rows, dtype=torch.float32 if mode >= 0 else x.dtype, device=x.device)  # as Liger
+        ln._rms_norm_forward_kernel[(n_rows,)](y, y.stride(0), x2, x2.stride(0), w, w.stride(0), rstd, rstd.stride(0),
+                                               n_cols, eps, offset, mode, elementwise_affine=True, BLOCK_SIZE=block,
+                                               num_warps=warps)
+        ctx.save_for_backward(x2, w, rstd)
+        ctx.meta = offset, mode, block, warps, in_place
+        return y.view(x.shape)
+
+    @staticmethod
+    def backward(ctx, dy):
+        import triton
+        from liger_kernel.ops import rms_norm as ln
+
+        x2, w, rstd = ctx.saved_tensors
+        offset, mode, block, warps, in_place = ctx.meta
+        shape = dy.shape
+        dy = dy.contiguous().view(-1, shape[-1])
+        n_rows, n_cols = dy.shape
+        dx = dy if in_place else torch.empty_like(dy)  # the kernel writes every row of dX
+        ln._rms_norm_backward_kernel[(triton.cdiv(n_rows, ROWS),)](
+            dy, dy.stride(0), dx, dx.stride(0), x2, x2.stride(0), ln.torch_to_triton_dtype[x2.dtype], w, w.stride(0),
+            rstd, rstd.stride(0), None, 0, n_rows, n_cols, offset, ROWS, mode, elementwise_affine=True,
+            BLOCK_SIZE=block, COMPUTE_DW=False, num_warps=warps)
+        return dx.view(shape), None, None, None, None, None, None, None
+
+
+def _function(original):
+    """LigerRMSNormFunction as LigerRMSNorm's forward calls it, through _FrozenRMSNorm where the weight is
+    frozen, the input a contiguous CUDA tensor and its rows wider than 256 (else Liger's own)."""
+    from liger_kernel.ops import rms_norm as ln
+    from liger_kernel.ops.utils import calculate_settings
+
+    settings = functools.cache(calculate_settings)
+
+    def apply(x, w, eps, offset=0.0, casting_mode="llama", in_place=True, row_mode=None):
+        if (w is None or w.requires_grad or row_mode or not x.is_cuda or not x.is_contiguous()
+                or not isinstance(casting_mode, str)):
+            return original.apply(x, w, eps, offset, casting_mode, in_place, row_mode)
+        block, warps = settings(x.shape[-1])
+        if block <= 256:  # Liger runs its block kernel for narrow rows (QK-norm's head_dim) on many rows
+            return original.apply(x, w, eps, offset, casting_mode, in_place, row_mode)
+        return _FrozenRMSNorm.apply(x, w, eps, offset, ln._str_to_casting_mode[casting_mode], block, warps,
+                                    in_place)
+
+    return types.SimpleNamespace(apply=apply)
+
+
 @contextlib.contextmanager
 def frozen_weight_grid(on: bool):
     """Within: Liger's RMSNorm backward and fused add + RMSNorm backward as above where the weight
-    gets no gradient; undone after."""
+    gets no gradient, and LigerRMSNorm's forward through _FrozenRMSNorm; undone after."""
     if not on:
         yield
         return
     from liger_kernel.ops import fused_add_rms_norm as fa
     from liger_kernel.ops import rms_norm as ln
+    from liger_kernel.transformers import rms_norm as module
 
-    originals = ln.rms_norm_backward, fa.fused_add_rms_norm_backward
+    originals = ln.rms_norm_backward, fa.fused_add_rms_norm_backward, module.LigerRMSNormFunction
     ln.rms_norm_backward, fa.fused_add_rms_norm_backward = _backward(originals[0]), _fused_backward(originals[1])
+    module.LigerRMSNormFunction = _function(originals[2])
     try:
         yield
     finally:
-        ln.rms_norm_backward, fa.fused_add_rms_norm_backward = originals
+        ln.rms_norm_backward, fa.fused_add_rms_norm_backward, module.LigerRMSNormFunction = originals
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, norm: torch.nn.Module):

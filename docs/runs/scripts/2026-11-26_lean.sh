@@ -8,7 +8,8 @@
 #   source docs/runs/scripts/device_setup.sh <commit> c0      (carry .whl: installs it)
 #   bash docs/runs/scripts/2026-11-26_lean.sh <commit> c1|c2   (carry .whl_b and .whl_unsloth)
 #     c1 (fb80e4e): the launch costs, the GPU tests of the parts changed, Qwen2.5's cells. c2 (a later machine,
-#     after the adapter gradients were written in fp32 by their GEMMs): the GPU tests again, then Qwen2.5's and
+#     after the adapter gradients were written in fp32 by their GEMMs and Liger's RMSNorm of a frozen weight launched
+#     without its per-call wrappers): the GPU tests again, then Qwen2.5's and
 #     Gemma-2's cells, Gemma-2 also with lean_launch off; the host's floor (batch 1 x 64 tokens) if time is left
 set -u
 LIMIT_S=${LIMIT_S:-560}; source "$(dirname "$0")/device_setup.sh" "$@"  # wheels, environment, t0
