@@ -25,6 +25,7 @@ if [ $2 = c1 ]; then
   sweep 0 qwen_fast_b4_nolean $q backend=fast batch=4 $ckpt=0 backend.lean_launch=false
   pack_call $2; exit
 fi
+python3 docs/runs/scripts/launch_costs.py > $R/launch_costs_$2.md 2>&1
 timeout 200 python3 -m pytest -q -m gpu tests/test_lean_launch.py tests/test_fused.py tests/test_flat_optim.py \
   tests/test_backends.py tests/test_fast_parts.py -k "not unsloth" > $R/gpu_tests_$2.txt 2>&1; tail -1 $R/gpu_tests_$2.txt
 sweep 0 qwen_unsloth_$2 $q backend=unsloth batch=4 train.gradient_checkpointing=false

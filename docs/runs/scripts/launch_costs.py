@@ -4,8 +4,9 @@ Each operation runs on small tensors (64 tokens: the device finishes it long bef
 next), 200 times after 20 warm-up calls; the figure is the host's wall time per call (time.perf_counter
 around the 200 calls, the device synchronised before the clock starts and after it stops, so a call that waits
 for the device counts its wait). The Triton kernels (lorabench's and Liger's RMSNorm) are timed again with
-backend.lean_launch's launch (lorabench.lean_launch), and the adapter's cast against flat_optim's copy cast
-once a step. Prints one markdown table: operation, us per call."""
+backend.lean_launch's launch (lorabench.lean_launch), Liger's RMSNorm module of a frozen weight also with
+backend.norm_backward_grid's launch, and the adapter's cast against flat_optim's copy cast once a step. Prints one markdown table: operation, us per call."""
+import functools
 import sys
 import time
 
@@ -13,7 +14,7 @@ import bitsandbytes.functional as bnbf
 import torch
 import torch.nn.functional as F
 
-from lorabench import dropout_kernels, flat_optim, lean_launch, nf4_kernels
+from lorabench import dropout_kernels, flat_optim, lean_launch, nf4_kernels, norm_kernels
 
 dev, bf = torch.device("cuda"), torch.bfloat16
 x = torch.randn(64, 3584, device=dev, dtype=bf)
@@ -33,6 +34,12 @@ def liger_rms_norm():
 
     return LigerRMSNormFunction.apply(x, norm_w, 1e-6, 0.0, "llama", False)
 
+
+def liger_norm_module():
+    from liger_kernel.transformers.rms_norm import LigerRMSNorm
+
+    return LigerRMSNorm(3584).to(dev, bf).requires_grad_(False)
+
 ops = {
     "torch.mm [64x3584] @ [3584x512]": lambda: x @ w.t(),
     "tensor.add_ (aten elementwise)": lambda: x.add_(0.0),
@@ -45,6 +52,7 @@ ops = {
     "SDPA causal, GQA 28/4 heads": lambda: F.scaled_dot_product_attention(q4, k4, k4, is_causal=True, enable_gqa=True),
     "flat_optim.low(p, bf16) (its copy, cast once a step)": lambda: flat_optim.low(p32, bf),
     "Liger RMSNorm forward (Function.apply)": liger_rms_norm,
+    "LigerRMSNorm module forward, frozen weight": functools.partial(liger_norm_module(), x),
 }
 TRITON = ("nf4_kernels.dequantize (Triton)", "dropout_kernels.dropout (Triton)", "Liger RMSNorm forward (Function.apply)")
 
@@ -66,4 +74,7 @@ for name, fn in ops.items():
 with lean_launch.patched(True):
     for name in TRITON:
         print(f"| {name}, lean_launch | {host_us(ops[name]):.1f} |")
+    with norm_kernels.frozen_weight_grid(True):
+        name = "LigerRMSNorm module forward, frozen weight"
+        print(f"| {name}, lean_launch and norm_backward_grid (lorabench's launch) | {host_us(ops[name]):.1f} |")
 sys.stdout.flush()
