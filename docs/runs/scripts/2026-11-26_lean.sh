@@ -10,7 +10,9 @@
 #     c1 (fb80e4e): the launch costs, the GPU tests of the parts changed, Qwen2.5's cells. c2 (a later machine,
 #     after the adapter gradients were written in fp32 by their GEMMs and Liger's RMSNorm of a frozen weight launched
 #     without its per-call wrappers): the GPU tests again, then Qwen2.5's and
-#     Gemma-2's cells, Gemma-2 also with lean_launch off; the host's floor (batch 1 x 64 tokens) if time is left
+#     Gemma-2's cells, Gemma-2 also with lean_launch off; the host's floor (batch 1 x 64 tokens) if time is left.
+#     c3 (another machine, the same commit as c2): the host's floor of Qwen2.5 with all of fast's parts, without
+#     lean_launch, without norm_backward_grid; then each model's fast best and Unsloth's again, fast first
 set -u
 LIMIT_S=${LIMIT_S:-560}; source "$(dirname "$0")/device_setup.sh" "$@"  # wheels, environment, t0
 source "$(dirname "$0")/gpu_lists.sh" "$@"  # /tmp/runs, the clocks, left, sweep, pack_call
@@ -26,6 +28,18 @@ if [ $2 = c1 ]; then
   pack_call $2; exit
 fi
 python3 docs/runs/scripts/launch_costs.py > $R/launch_costs_$2.md 2>&1
+tiny="+experiment=seed_optimum train.untimed_steps=5 gpu=a10 backend=fast $ckpt=0 model=qwen2.5-7b batch=1 seq_len=64"
+if [ $2 = c3 ]; then
+  sweep 0 qwen_tiny_$2 -m $tiny train.max_steps=25
+  sweep 0 qwen_tiny_nolean_$2 -m $tiny train.max_steps=25 backend.lean_launch=false
+  sweep 0 qwen_tiny_nonorm_$2 -m $tiny train.max_steps=25 backend.norm_backward_grid=false
+  sweep 0 qwen_fast_b4_$2 $q backend=fast batch=4 $ckpt=0
+  sweep 0 qwen_unsloth_$2 $q backend=unsloth batch=4 train.gradient_checkpointing=false
+  sweep 0 gemma_fast_b4_c25_$2 $g backend=fast batch=4 $ckpt=0.25
+  sweep 0 gemma_fast_b4_c25_nolean_$2 $g backend=fast batch=4 $ckpt=0.25 backend.lean_launch=false
+  sweep 0 gemma_unsloth_$2 $g backend=unsloth batch=8 $ckpt=1 backend.unsloth_offload=false
+  pack_call $2; exit
+fi
 timeout 200 python3 -m pytest -q -m gpu tests/test_lean_launch.py tests/test_fused.py tests/test_flat_optim.py \
   tests/test_backends.py tests/test_fast_parts.py -k "not unsloth" > $R/gpu_tests_$2.txt 2>&1; tail -1 $R/gpu_tests_$2.txt
 sweep 0 qwen_unsloth_$2 $q backend=unsloth batch=4 train.gradient_checkpointing=false
@@ -33,7 +47,6 @@ sweep 0 qwen_fast_b4_$2 $q backend=fast batch=4 $ckpt=0
 sweep 0 gemma_unsloth_$2 $g backend=unsloth batch=8 $ckpt=1 backend.unsloth_offload=false
 sweep 0 gemma_fast_b4_c25_$2 $g backend=fast batch=4 $ckpt=0.25
 sweep 0 gemma_fast_b4_c25_nolean_$2 $g backend=fast batch=4 $ckpt=0.25 backend.lean_launch=false
-tiny="+experiment=seed_optimum train.untimed_steps=5 gpu=a10 backend=fast $ckpt=0 model=qwen2.5-7b batch=1 seq_len=64"
 sweep 0 qwen_tiny_$2 -m $tiny train.max_steps=25
 sweep 0 qwen_tiny_nolean_$2 -m $tiny train.max_steps=25 backend.lean_launch=false
 pack_call $2
