@@ -12,7 +12,8 @@
 #     without its per-call wrappers): the GPU tests again, then Qwen2.5's and
 #     Gemma-2's cells, Gemma-2 also with lean_launch off; the host's floor (batch 1 x 64 tokens) if time is left.
 #     c3 (another machine, the same commit as c2): the host's floor of Qwen2.5 with all of fast's parts, without
-#     lean_launch, without norm_backward_grid; then each model's fast best and Unsloth's again, fast first
+#     lean_launch, without norm_backward_grid; then each model's fast best and Unsloth's again, fast first.
+#     c4 (the same machine as c3, carry old/ too): fast's bests with this commit and with 027e72e's code, alternating
 set -u
 LIMIT_S=${LIMIT_S:-560}; source "$(dirname "$0")/device_setup.sh" "$@"  # wheels, environment, t0
 source "$(dirname "$0")/gpu_lists.sh" "$@"  # /tmp/runs, the clocks, left, sweep, pack_call
@@ -29,6 +30,16 @@ if [ $2 = c1 ]; then
 fi
 python3 docs/runs/scripts/launch_costs.py > $R/launch_costs_$2.md 2>&1
 tiny="+experiment=seed_optimum train.untimed_steps=5 gpu=a10 backend=fast $ckpt=0 model=qwen2.5-7b batch=1 seq_len=64"
+if [ $2 = c4 ]; then  # this commit's fast path against 027e72e's (in old/: `git archive 027e72e src conf train.py`),
+  old() { (cd old && PYTHONPATH=/tmp/site:$PWD/src LORABENCH_GIT_SHA=027e72e sweep "$@"); }  # alternating
+  for i in 1 2; do
+    sweep 0 qwen_fast_b4_${2}_$i $q backend=fast batch=4 $ckpt=0
+    old 0 qwen_fast_b4_old_${2}_$i $q backend=fast batch=4 $ckpt=0
+    sweep 0 gemma_fast_b4_c25_${2}_$i $g backend=fast batch=4 $ckpt=0.25
+    old 0 gemma_fast_b4_c25_old_${2}_$i $g backend=fast batch=4 $ckpt=0.25
+  done
+  pack_call $2; exit
+fi
 if [ $2 = c3 ]; then
   sweep 0 qwen_tiny_$2 -m $tiny train.max_steps=25
   sweep 0 qwen_tiny_nolean_$2 -m $tiny train.max_steps=25 backend.lean_launch=false
