@@ -35,7 +35,7 @@ def same_masks(monkeypatch):
     """PEFT's dropout modules and the Function's dropout draw one mask source."""
     import peft.tuners.lora.layer as lora_layer
 
-    def dropout(x, p, seeded):
+    def dropout(x, p, seeded, slot=None):
         m = _mask(x, p)
         return x * m / (1 - p), m
 

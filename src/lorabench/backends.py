@@ -68,6 +68,8 @@ def apply_checkpointing(model, train: TrainConfig, device: torch.device) -> tupl
     recompute = round(train.checkpoint_fraction * len(layers)) if train.gradient_checkpointing else 0
     offload = min(round(train.offload_fraction * len(layers)), len(layers) - recompute)
     plan = offloading.layer_plan(len(layers), recompute, offload)
+    for layer, how in zip(layers, plan):  # what lorabench.graphs may capture
+        layer.lorabench_kept = how == offloading.KEEP
     if recompute:
         # Non-reentrant: it works with frozen inputs and DDP, and it is what PyTorch recommends.
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

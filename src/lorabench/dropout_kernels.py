@@ -24,7 +24,9 @@ def _drop_run(x_ptr, out_ptr, offs, n, keep, p):
 
 
 @triton.jit
-def _dropout_kernel(x_ptr, out_ptr, n, p, seed, BLOCK: tl.constexpr):
+def _dropout_kernel(x_ptr, out_ptr, n, p, seed, BLOCK: tl.constexpr, SEED_IN_MEMORY: tl.constexpr = False):
+    if SEED_IN_MEMORY:  # seed is a pointer to it (a CUDA graph replays the launch, the seed changes in memory)
+        seed = tl.load(seed)
     # One Philox call gives four uniform numbers (as torch's dropout draws them, curand4); one call per
     # element (tl.rand) made this kernel compute-bound, ~1.2 TB/s on an H100.
     Q: tl.constexpr = BLOCK // 4
@@ -47,7 +49,9 @@ def _add_run(acc_ptr, g_ptr, offs, n, keep, p):
 
 
 @triton.jit
-def _add_dropped_kernel(acc_ptr, g_ptr, n, p, seed, BLOCK: tl.constexpr):
+def _add_dropped_kernel(acc_ptr, g_ptr, n, p, seed, BLOCK: tl.constexpr, SEED_IN_MEMORY: tl.constexpr = False):
+    if SEED_IN_MEMORY:
+        seed = tl.load(seed)
     Q: tl.constexpr = BLOCK // 4
     pid = tl.program_id(0).to(tl.int64)
     r0, r1, r2, r3 = tl.rand4x(seed, pid * Q + tl.arange(0, Q))
@@ -58,18 +62,21 @@ def _add_dropped_kernel(acc_ptr, g_ptr, n, p, seed, BLOCK: tl.constexpr):
     _add_run(acc_ptr, g_ptr, offs + 3 * Q, n, r3 > p, p)
 
 
-def dropout(x: torch.Tensor, seed: int, p: float) -> torch.Tensor:
-    """x with each element kept (and scaled by 1/(1-p)) where Philox(seed, index) > p."""
+def dropout(x: torch.Tensor, seed: int | torch.Tensor, p: float) -> torch.Tensor:
+    """x with each element kept (and scaled by 1/(1-p)) where Philox(seed, index) > p. `seed`: an int, or a
+    one-element int64 CUDA tensor read by the kernel (lorabench.graphs: a captured launch, seeds new each step)."""
     x = x.contiguous()
     out = torch.empty_like(x)
     n = x.numel()
-    _dropout_kernel[(triton.cdiv(n, BLOCK),)](x, out, n, p, seed, BLOCK=BLOCK)
+    _dropout_kernel[(triton.cdiv(n, BLOCK),)](x, out, n, p, seed, BLOCK=BLOCK,
+                                              SEED_IN_MEMORY=isinstance(seed, torch.Tensor))
     return out
 
 
-def add_dropped(acc: torch.Tensor, g: torch.Tensor, seed: int, p: float) -> torch.Tensor:
+def add_dropped(acc: torch.Tensor, g: torch.Tensor, seed: int | torch.Tensor, p: float) -> torch.Tensor:
     """acc += dropout(g) with the same mask as dropout(x, seed, p), in place (acc contiguous)."""
     g = g.contiguous()
     n = acc.numel()
-    _add_dropped_kernel[(triton.cdiv(n, BLOCK),)](acc, g, n, p, seed, BLOCK=BLOCK)
+    _add_dropped_kernel[(triton.cdiv(n, BLOCK),)](acc, g, n, p, seed, BLOCK=BLOCK,
+                                                  SEED_IN_MEMORY=isinstance(seed, torch.Tensor))
     return acc

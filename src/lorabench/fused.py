@@ -60,22 +60,28 @@ def _dropout_p(lora: nn.Module, training: bool) -> float:
     return float(drop.p) if training and isinstance(drop, nn.Dropout) else 0.0
 
 
-def _dropout(x: torch.Tensor, p: float, seeded: bool):
+def _dropout(x: torch.Tensor, p: float, seeded: bool, slot: torch.Tensor | None = None):
     """(dropout(x), the key that replays its mask): with `seeded` on CUDA a seed
-    (lorabench.dropout_kernels: no mask kept), else torch's bool mask (1 byte per element)."""
+    (lorabench.dropout_kernels: no mask kept), else torch's bool mask (1 byte per element). `slot`: the
+    projection's seed in device memory (lorabench.graphs: drawn again on the device before each step)."""
     if seeded and x.is_cuda:
         from lorabench import dropout_kernels
 
         # From the CPU generator: no device sync, and activation checkpointing restores its state
         # before recomputing a layer, so the recomputed forward draws the same seed.
-        seed = int(torch.randint(2**31 - 1, (1,)))
+        seed = slot if slot is not None else int(torch.randint(2**31 - 1, (1,)))
         return dropout_kernels.dropout(x, seed, p), seed
     return torch.native_dropout(x, p, True)
 
 
+def _is_seed(key) -> bool:
+    """A seed (an int, or an int64 slot in device memory), not a bool mask."""
+    return isinstance(key, int) or key.dtype == torch.int64
+
+
 def _replay(x: torch.Tensor, key, p: float) -> torch.Tensor:
     """dropout(x) again, with the mask that `key` (a seed or a bool mask) names."""
-    if isinstance(key, int):
+    if _is_seed(key):
         from lorabench import dropout_kernels
 
         return dropout_kernels.dropout(x, key, p)
@@ -84,7 +90,7 @@ def _replay(x: torch.Tensor, key, p: float) -> torch.Tensor:
 
 def _add_dropped(acc: torch.Tensor, g: torch.Tensor, key, p: float) -> None:
     """acc += dropout(g) with the mask that `key` names."""
-    if isinstance(key, int):
+    if _is_seed(key):
         from lorabench import dropout_kernels
 
         dropout_kernels.add_dropped(acc, g, key, p)
@@ -149,7 +155,8 @@ class _Projections(torch.autograd.Function):
                 if merged:  # a column block of XA (cuBLAS reads it with its row stride); s in the add
                     y.addmm_(next(xa_parts), b.t(), alpha=s)
                 else:  # XA scaled in its GEMM (s X_d A^T), kept so: dB = dY^T (s XA) needs no multiply
-                    xd, key = _dropout(x2, p, seeded) if p > 0 else (x2, None)
+                    xd, key = _dropout(x2, p, seeded, getattr(proj.lora, "lorabench_seed", None)) if p > 0 \
+                        else (x2, None)
                     xa = _scaled_mm(xd, a.t(), s)
                     del xd
                     xas.append(xa)
@@ -159,8 +166,8 @@ class _Projections(torch.autograd.Function):
         ctx.group, ctx.ps, ctx.shape, ctx.merged = group, ps, x.shape, merged
         ctx.dtypes = [t.dtype for t in adapters]  # the gradients' (the parameters')
         # Seeds (and None) stay on ctx as they are, bool masks go through save_for_backward.
-        masks = [k for k in keys if isinstance(k, torch.Tensor)]
-        ctx.keys = ["mask" if isinstance(k, torch.Tensor) else k for k in keys]
+        masks = [k for k in keys if k is not None and not _is_seed(k)]
+        ctx.keys = [k if k is None or _is_seed(k) else "mask" for k in keys]
         # X is kept only for the adapters' gradients: a group without adapters (the MLP's, where LoRA
         # adapts q/k/v/o only) keeps nothing, as bitsandbytes' 4-bit matmul keeps nothing.
         ctx.save_for_backward(x2 if adapters else None, *lows, *([xa_all] if merged else xas), *masks)

@@ -85,7 +85,8 @@ def _measure(c: Config, run_dir: Path, result: CellResult, logger: MetricLogger,
                               train_dataset=dataset,
                               data_collator=data.build_collator(c, tokenizer), callbacks=watch.callbacks,
                               meter=watch.meter, flat_optimizer=c.backend.flat_optimizer,
-                              lean_step=c.backend.lean_step)
+                              lean_step=c.backend.lean_step,
+                              graph_layers=fastpath.decoder_layers(model) if graphs_on(c, device) else None)
     trainer.remove_callback(PrinterCallback)  # it prints every log dict; the bar shows them
     train(c, trainer, resume, watch, ckpt_dir)
     arch = flop_arch(model)
@@ -94,6 +95,12 @@ def _measure(c: Config, run_dir: Path, result: CellResult, logger: MetricLogger,
     result.rank = {"steps": watch.meter.steps, "window_s": watch.meter.window_s, "params": params, "arch": arch,
                    "data_stats": data_stats}
     return metrics
+
+
+def graphs_on(c: Config, device: torch.device) -> bool:
+    """backend.cuda_graphs where it acts: on CUDA (elsewhere the cell runs without it, as fastpath.PARTS says),
+    through fused_lora's projections."""
+    return c.backend.cuda_graphs and c.backend.fused_lora and device.type == "cuda"
 
 
 def prepare_device(c: Config, result: CellResult) -> tuple[torch.device, GpuConfig]:

@@ -22,12 +22,15 @@ from lorabench.devices import sync
 class MeasuredTrainer(Trainer):
     """HF Trainer that hands every micro-batch to the StepMeter before training on it; with
     `flat_optimizer` its optimizer updates the adapters as one flat tensor (lorabench.flat_optim),
-    with `lean_step` the model's per-step host work is cut (see `lean_step`)."""
+    with `lean_step` the model's per-step host work is cut (see `lean_step`), with `graph_layers` those decoder
+    layers are replayed as CUDA graphs where they can be (lorabench.graphs)."""
 
     def __init__(self, *args, meter: "StepMeter", flat_optimizer: bool = False, lean_step: bool = False,
-                 **kwargs):
+                 graph_layers=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.meter, self.flat_optimizer, self.lean_step = meter, flat_optimizer, lean_step
+        # backend.cuda_graphs: the decoder layers to capture, and lorabench.graphs.Graphs once captured
+        self.graph_layers, self.graphs = graph_layers, None
 
     def create_accelerator_and_postprocess(self) -> None:
         super().create_accelerator_and_postprocess()
@@ -52,7 +55,20 @@ class MeasuredTrainer(Trainer):
         self.meter.count_batch(inputs, inputs["attention_mask"] if real is None else real)
         if self.lean_step and not hasattr(model, "lorabench_lean"):
             lean_step(model)
+        if self.graph_layers is not None:
+            self._graphs(inputs)
         return super().training_step(model, inputs, num_items_in_batch)
+
+    def _graphs(self, inputs: dict) -> None:
+        """backend.cuda_graphs: the kept layers captured at the first step (lorabench.graphs), then before each
+        step the dropout seeds and the adapters' bf16 copy that their graphs read made new."""
+        from lorabench import graphs
+
+        if self.graphs is None:
+            layers, dtype = self.graph_layers, torch.float16 if self.args.fp16 else torch.bfloat16
+            self.graphs = graphs.capture(self.model, self._prepare_inputs(dict(inputs)), layers,
+                                         [getattr(layer, "lorabench_kept", True) for layer in layers], dtype)
+        self.graphs.before_step()
 
 
 class MatmulProbe:
