@@ -27,7 +27,7 @@ from torch import nn
 log = logging.getLogger(__name__)
 # Keyword arguments a decoder layer may get that the captured computation does not depend on (the position
 # embeddings are its inputs; SDPA ignores the ids and cache positions without a cache).
-IGNORED = {"position_ids", "cache_position", "use_cache"}
+IGNORED = {"position_ids", "cache_position", "use_cache", "num_items_in_batch", "output_attentions"}
 
 
 class _Call(nn.Module):
@@ -58,10 +58,20 @@ class Graphs:
             copy.view(0, torch.bfloat16)
 
 
+def _refusal(kwargs: dict) -> str | None:
+    """Why a layer's call with these keyword arguments cannot be the captured one, or None."""
+    if kwargs.get("attention_mask") is not None:
+        return f"an attention mask ({type(kwargs['attention_mask']).__name__})"
+    if kwargs.get("past_key_values") is not None:
+        return "a cache"
+    if kwargs.get("position_embeddings") is None:
+        return "no position embeddings"
+    other = set(kwargs) - IGNORED - {"attention_mask", "past_key_values", "position_embeddings"}
+    return f"other arguments {sorted(other)}" if other else None
+
+
 def _eligible(kwargs: dict) -> bool:
-    return (kwargs.get("attention_mask") is None and kwargs.get("past_key_values") is None
-            and kwargs.get("position_embeddings") is not None and set(kwargs) - IGNORED <= {
-                "attention_mask", "past_key_values", "position_embeddings"})
+    return _refusal(kwargs) is None
 
 
 def _seed_slots(layers, device) -> torch.Tensor | None:
@@ -89,7 +99,7 @@ def _probe(model, inputs: dict, layers) -> list[tuple | None]:
              for i, layer in enumerate(layers)]
     try:
         with torch.no_grad():
-            model(**inputs)
+            model(**inputs, use_cache=False)  # as in training: no cache
     finally:
         for h in hooks:
             h.remove()
@@ -109,7 +119,9 @@ def capture(model, inputs: dict, layers, keep: list[bool], dtype: torch.dtype) -
     graphs = Graphs(copies=list({id(c): c for p in model.parameters()
                                  for c in [getattr(p, "lorabench_low", (None,))[0]] if c is not None}.values()))
     if not chosen:
-        log.info("backend.cuda_graphs: no decoder layer to capture (recomputed, offloaded or given a mask)")
+        why = next((_refusal(s[1]) for k, s in zip(keep, seen) if k and s is not None), "every layer recomputed "
+                   "or offloaded")
+        log.info("backend.cuda_graphs: no decoder layer to capture (%s)", why)
         return graphs
     graphs.seeds = _seed_slots([layers[i] for i in chosen], device)
     graphs.before_step()
@@ -128,12 +140,17 @@ def capture(model, inputs: dict, layers, keep: list[bool], dtype: torch.dtype) -
 
 def _replayed(call, original, sample):
     """A layer's forward that replays its graphs where the call matches the captured one, else runs as before."""
-    shapes = [(t.shape, t.dtype) for t in sample]
+    shapes, fell_back = [(t.shape, t.dtype) for t in sample], []
 
     def forward(hidden_states, **kwargs):
         pe = kwargs.get("position_embeddings")
-        if (not torch.is_grad_enabled() or not _eligible(kwargs)
-                or [(t.shape, t.dtype) for t in (hidden_states, *pe)] != shapes):
+        why = _refusal(kwargs)
+        if why is None and [(t.shape, t.dtype) for t in (hidden_states, *pe)] != shapes:
+            why = "other shapes or dtypes"
+        if why is not None or not torch.is_grad_enabled():
+            if why is not None and not fell_back:
+                fell_back.append(why)
+                log.info("backend.cuda_graphs: a captured layer ran its own forward: %s", why)
             return original(hidden_states, **kwargs)
         if not hidden_states.requires_grad:  # the first layer's input: its gradient is computed, not used
             hidden_states = hidden_states.detach().requires_grad_()
