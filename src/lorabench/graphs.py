@@ -27,7 +27,8 @@ from torch import nn
 log = logging.getLogger(__name__)
 # Keyword arguments a decoder layer may get that the captured computation does not depend on (the position
 # embeddings are its inputs; SDPA ignores the ids and cache positions without a cache).
-IGNORED = {"position_ids", "cache_position", "use_cache", "num_items_in_batch", "output_attentions"}
+IGNORED = {"position_ids", "cache_position", "use_cache", "num_items_in_batch", "output_attentions",
+           "output_hidden_states"}
 
 
 class _Call(nn.Module):
