@@ -49,6 +49,16 @@ class Graphs:
     seeds: torch.Tensor | None = None  # one dropout seed per adapted projection with dropout
     copies: list = field(default_factory=list)  # flat_optim.LowCopy of the adapters
     layers: int = 0
+    pool_bytes: int = 0  # what the capture added to the memory reserved: the graphs' private pool, at most
+
+    def metrics(self, memory: dict) -> dict:
+        """The cell's record: how many layers were captured, and the peak allocated with the graphs' pool in it.
+        A replay allocates nothing through the caching allocator, so its peak allocated alone leaves out every
+        tensor the graphs hold (their activations and temporaries); the pool is reserved for them alone."""
+        out = {"graphs/layers": self.layers, "mem/graph_pool_gib": self.pool_bytes / 2**30}
+        if "mem/peak_allocated_gib" in memory:
+            out["mem/peak_allocated_gib"] = memory["mem/peak_allocated_gib"] + self.pool_bytes / 2**30
+        return out
 
     def before_step(self) -> None:
         """New dropout seeds on the device, the adapters cast again (outside any graph): two launches."""
@@ -130,8 +140,10 @@ def capture(model, inputs: dict, layers, keep: list[bool], dtype: torch.dtype) -
     calls = tuple(_Call(layers[i], f) for i, f in zip(chosen, originals))
     samples = tuple((seen[i][0].detach().clone().requires_grad_(),
                      *(t.detach().clone() for t in seen[i][1]["position_embeddings"])) for i in chosen)
+    reserved = torch.cuda.memory_reserved(device)
     with torch.autocast(device.type, dtype=dtype, cache_enabled=False):
         graphed = torch.cuda.make_graphed_callables(calls, samples, num_warmup_iters=3)
+    graphs.pool_bytes = torch.cuda.memory_reserved(device) - reserved
     for i, call, original, sample in zip(chosen, graphed, originals, samples):
         layers[i].forward = _replayed(call, original, sample)
     graphs.layers = len(chosen)

@@ -265,6 +265,8 @@ def collect_metrics(c: Config, device: torch.device, gpu: GpuConfig, model, para
         metrics["precision/matmul_bytes"] = watch.probe.bytes
     if getattr(model, "lorabench_offloader", None) is not None:  # train.offload_fraction > 0
         metrics.update(model.lorabench_offloader.metrics())
+    if getattr(model, "lorabench_graphs", None) is not None:  # backend.cuda_graphs: the graphs' memory counted
+        metrics.update(model.lorabench_graphs.metrics(metrics))
     if watch.sampler:
         metrics.update(watch.sampler.summary())
     if watch.profiler:

@@ -68,6 +68,7 @@ class MeasuredTrainer(Trainer):
             layers, dtype = self.graph_layers, torch.float16 if self.args.fp16 else torch.bfloat16
             self.graphs = graphs.capture(self.model, self._prepare_inputs(dict(inputs)), layers,
                                          [getattr(layer, "lorabench_kept", True) for layer in layers], dtype)
+            self.model.lorabench_graphs = self.graphs  # for the cell's record (lorabench.loop)
         self.graphs.before_step()
 
 

@@ -5,6 +5,10 @@
 # layout, in one run, fast with graphs first and last.
 #   source docs/runs/scripts/device_setup.sh <commit> c0      (carry .whl: installs it)
 #   bash docs/runs/scripts/2026-11-26_graphs.sh <commit> c1    (carry .whl_b and .whl_unsloth)
+#   As run: 0d0de39 c1 (the layers were not captured: the fast path's forward passes output_hidden_states to each
+#   layer, then refused); on the same machine, after ae17285, `rm -rf /tmp/runs/qwen_graphs_1 /tmp/runs/qwen_graphs_2
+#   /tmp/runs/qwen_fast; LIMIT_S=230 bash docs/runs/scripts/2026-11-26_graphs.sh ae17285 c2` (Unsloth's cell of c1
+#   passed over), and the GPU test alone (gpu_tests_c3.txt)
 set -u
 LIMIT_S=${LIMIT_S:-560}; source "$(dirname "$0")/device_setup.sh" "$@"  # wheels, environment, t0
 source "$(dirname "$0")/gpu_lists.sh" "$@"  # /tmp/runs, the clocks, left, sweep, pack_call
