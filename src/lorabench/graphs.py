@@ -1,8 +1,7 @@
 """Each kept decoder layer's forward and backward replayed as CUDA graphs (backend.cuda_graphs).
 
-Where a fast cell's batch is small for its model, its step is as long as its host's work: ~30 Triton and ~60
-other launches per decoder layer from Python, forward and backward (docs/fast-path.md, "When the host sets
-the pace"). torch.cuda.make_graphed_callables captures a layer's forward and its backward once; each step
+Where a fast cell's batch is small for its model, its step is as long as its host's work: tens of launches
+per decoder layer from Python, forward and backward (docs/fast-path.md, "When the host sets the pace"). torch.cuda.make_graphed_callables captures a layer's forward and its backward once; each step
 then launches two graphs per layer instead. What changes between steps is not in a graph but in memory the
 graphs read: the layers' inputs (copied into the graphs' own), LoRA dropout's seeds (one int64 per adapted
 projection, drawn again on the device before each step: lorabench.dropout_kernels reads them there), the
@@ -49,6 +48,7 @@ class Graphs:
     seeds: torch.Tensor | None = None  # one dropout seed per adapted projection with dropout
     copies: list = field(default_factory=list)  # flat_optim.LowCopy of the adapters
     layers: int = 0
+    dtype: torch.dtype = torch.bfloat16  # the activations' (the adapters' copy is in it)
     pool_bytes: int = 0  # what the capture added to the memory reserved: the graphs' private pool, at most
 
     def metrics(self, memory: dict) -> dict:
@@ -66,7 +66,7 @@ class Graphs:
             self.seeds.random_(0, 2**31 - 1)
         for copy in self.copies:
             copy.stale()
-            copy.view(0, torch.bfloat16)
+            copy.view(0, self.dtype)
 
 
 def _refusal(kwargs: dict) -> str | None:
@@ -86,7 +86,7 @@ def _eligible(kwargs: dict) -> bool:
 
 
 def _seed_slots(layers, device) -> torch.Tensor | None:
-    """Give each adapted projection with dropout of `layers` (lorabench.fused's groups) a seed in device memory."""
+    """Give each adapted projection of `layers` (lorabench.fused's groups) its dropout seed in device memory."""
     loras = [proj.lora for layer in layers for owner in (layer.self_attn, layer.mlp)
              for name in ("lorabench_qkv", "lorabench_o", "lorabench_gate_up", "lorabench_down")
              for proj in getattr(owner, name, ()) if proj.lora is not None]
@@ -128,7 +128,8 @@ def capture(model, inputs: dict, layers, keep: list[bool], dtype: torch.dtype) -
         seen = _probe(model, inputs, layers)
     chosen = [i for i, (k, s) in enumerate(zip(keep, seen)) if k and s is not None and _eligible(s[1])]
     graphs = Graphs(copies=list({id(c): c for p in model.parameters()
-                                 for c in [getattr(p, "lorabench_low", (None,))[0]] if c is not None}.values()))
+                                 for c in [getattr(p, "lorabench_low", (None,))[0]] if c is not None}.values()),
+                    dtype=dtype)
     if not chosen:
         why = next((_refusal(s[1]) for k, s in zip(keep, seen) if k and s is not None), "every layer recomputed "
                    "or offloaded")
