@@ -104,6 +104,12 @@ def test_seeded_dropout_replays_its_mask_on_gpu():
     acc = torch.ones_like(x)
     dk.add_dropped(acc, x, 7, 0.1)
     torch.testing.assert_close(acc, (1 + x * keep / 0.9).to(torch.bfloat16), rtol=1e-2, atol=1e-2)
+    # the seed read from device memory (lorabench.graphs' slots) draws the mask of the same int, bit for bit
+    slot = torch.tensor([7], device="cuda")
+    assert torch.equal(dk.dropout(x, slot, 0.1), y)
+    acc_slot = torch.ones_like(x)
+    dk.add_dropped(acc_slot, x, slot, 0.1)
+    assert torch.equal(acc_slot, acc)
 
 
 @pytest.mark.gpu
