@@ -61,8 +61,15 @@ def lean_run(original: Callable, get_device: Callable[[], int], get_stream: Call
     return run
 
 
+TRITON = ("3.6.",)  # the releases whose JITFunction.run (its binder's place, its launcher's arguments) this follows
+
+
 def runs() -> str | None:
-    """Why Triton's own run must stay (a knob that the lean run would read once), or None."""
+    """Why Triton's own run must stay (another Triton, or a knob that the lean run would read once), or None."""
+    import triton
+
+    if not triton.__version__.startswith(TRITON):
+        return f"written for Triton {'/'.join(v + 'x' for v in TRITON)}, this is {triton.__version__}"
     from triton import knobs
 
     if knobs.runtime.debug or knobs.compilation.instrumentation_mode not in ("", None):
