@@ -89,3 +89,21 @@ def test_the_record_counts_the_graphs_pool_in_the_peak_allocated():
     assert g.metrics({"mem/peak_allocated_gib": 8.5}) == {"graphs/layers": 28, "mem/graph_pool_gib": 3.0,
                                                            "mem/peak_allocated_gib": 11.5}
     assert g.metrics({}) == {"graphs/layers": 28, "mem/graph_pool_gib": 3.0}
+
+
+def test_graphs_with_several_processes_are_refused_by_name_before_they_start():
+    from omegaconf import OmegaConf
+
+    from conftest import compose_cfg
+    from lorabench import fastpath
+    from lorabench.results import CellSkipped
+
+    unsharded = ["backend.fused_lora=false", "backend.fused_mlp=false", "backend.flat_optimizer=false"]
+    for parallel, match, more in (("ddp", "cuda_graphs captures each decoder layer on one GPU", []),
+                                  ("fsdp", "cuda_graphs captures each layer's forward and backward on one GPU",
+                                   unsharded)):  # (the parts FSDP refuses first, off)
+        c = OmegaConf.to_object(compose_cfg(["backend=fast", "backend.cuda_graphs=true", "train.nproc=2",
+                                             f"train.parallel={parallel}", *more]))
+        with pytest.raises(CellSkipped, match=match):
+            fastpath.check_sharded(c)
+    fastpath.check_sharded(OmegaConf.to_object(compose_cfg(["backend=fast", "backend.cuda_graphs=true"])))

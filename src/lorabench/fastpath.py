@@ -416,8 +416,14 @@ def _triton_interpreter() -> bool:
 
 
 def check_sharded(c: Config) -> None:
-    """With the model sharded (train.parallel=fsdp over several processes): refuse a part that cannot run
-    so (CellSkipped, exit 5), by name, before any process starts."""
+    """With several processes: refuse a part that cannot run so (CellSkipped, exit 5), by name, before any
+    process starts: cuda_graphs with DDP, and with the model sharded (train.parallel=fsdp) each part whose
+    `unsharded` says why."""
+    ranks = c.train.nproc * c.train.nnodes
+    if c.backend.cuda_graphs and ranks > 1 and not c.train.sharded:
+        raise CellSkipped(f"backend={c.backend.name.value}: cuda_graphs captures each decoder layer on one GPU "
+                          f"(DDP's gradient hooks are not captured); it cannot run with {ranks} processes "
+                          "(use backend.cuda_graphs=false)")
     if not c.train.sharded:
         return
     for part in parts_on(c):
