@@ -567,7 +567,7 @@ class BackendConfig:
     absmax_cache: bool = False
     # On CUDA, every Triton kernel (Liger's and lorabench's) launched past most of JITFunction.run's per-call
     # host work once its compiled kernel is known (lorabench.lean_launch): the same kernels on the same
-    # arguments, ~30 launches per decoder layer a step fewer microseconds each where the host sets the pace.
+    # arguments; each of a decoder layer's ~30 Triton launches a step costs the host fewer microseconds.
     lean_launch: bool = False
     # On one CUDA GPU, each decoder layer that is neither recomputed nor offloaded captured once as CUDA graphs
     # (its forward and its backward: torch.cuda.make_graphed_callables) and replayed at every step, where a
