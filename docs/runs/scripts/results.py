@@ -1749,8 +1749,8 @@ def glance() -> str:
         f"(`backend.cuda_graphs=true`, a knob of `backend=fast`; docs/results.md's first section), on one "
         f"{h100_gpu('a')}: " + " and ".join(f"{gd[n] / gd['qwen_unsloth']:.3f}x" for n in ("qwen_graphs_1_c2",
                                                                                        "qwen_graphs_2_c2"))
-        + " Unsloth's best layout measured on the same machine (issue 34 asks 1.15x; Gemma-2's layers are not "
-        "captured: they take flex attention's block masks).",
+        + " Unsloth's best layout measured on the same machine (issue 34 asks 1.15x; Gemma-2 not measured: its "
+        "layers take flex attention's block masks, which a captured layer does not).",
         f"- Before that, fewer host launches per decoder layer in `backend=fast` (Triton's kernels launched past its "
         "per-call work, the adapters cast once a step, their gradients written in fp32 by their GEMMs; docs/results.md's "
         f"second section): on one {h100_gpu('a')}, fast's best over Unsloth's best layout, three cells each: "
