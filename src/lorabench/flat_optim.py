@@ -53,7 +53,8 @@ class LowCopy:
 
     def __init__(self, flat: nn.Parameter, ps: list[nn.Parameter]):
         self.flat, self.shapes = flat, [p.shape for p in ps]
-        self.copies: dict[torch.dtype, list[torch.Tensor]] = {}  # dtype: the views of its cast, in ps' order
+        self.copies: dict[torch.dtype, torch.Tensor] = {}  # dtype: the flat cast
+        self.views: dict[torch.dtype, list[torch.Tensor]] = {}  # dtype: its views, in ps' order
         self.fresh: set[torch.dtype] = set()
 
     def stale(self, *_) -> None:
@@ -63,13 +64,12 @@ class LowCopy:
         """The `i`th tensor of the flat parameter in `dtype`, as `p.to(dtype)` would give it."""
         if dtype not in self.fresh:
             if dtype not in self.copies:
-                low = torch.empty(self.flat.shape, dtype=dtype, device=self.flat.device)
-                self.copies[dtype] = [v.view(s) for v, s in zip(low.split([s.numel() for s in self.shapes]),
-                                                                 self.shapes)]
-                self.copies[dtype].append(low)
-            self.copies[dtype][-1].copy_(self.flat.detach())
+                low = self.copies[dtype] = torch.empty(self.flat.shape, dtype=dtype, device=self.flat.device)
+                self.views[dtype] = [v.view(s) for v, s in zip(low.split([s.numel() for s in self.shapes]),
+                                                                self.shapes)]
+            self.copies[dtype].copy_(self.flat.detach())
             self.fresh.add(dtype)
-        return self.copies[dtype][i]
+        return self.views[dtype][i]
 
 
 def low(p: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -81,10 +81,6 @@ def _refusal(kwargs: dict) -> str | None:
     return f"other arguments {sorted(other)}" if other else None
 
 
-def _eligible(kwargs: dict) -> bool:
-    return _refusal(kwargs) is None
-
-
 def _seed_slots(layers, device) -> torch.Tensor | None:
     """Give each adapted projection of `layers` (lorabench.fused's groups) its dropout seed in device memory."""
     loras = [proj.lora for layer in layers for owner in (layer.self_attn, layer.mlp)
@@ -126,7 +122,7 @@ def capture(model, inputs: dict, layers, keep: list[bool], dtype: torch.dtype) -
     device = next(model.parameters()).device
     with torch.autocast(device.type, dtype=dtype):
         seen = _probe(model, inputs, layers)
-    chosen = [i for i, (k, s) in enumerate(zip(keep, seen)) if k and s is not None and _eligible(s[1])]
+    chosen = [i for i, (k, s) in enumerate(zip(keep, seen)) if k and s is not None and _refusal(s[1]) is None]
     graphs = Graphs(copies=list({id(c): c for p in model.parameters()
                                  for c in [getattr(p, "lorabench_low", (None,))[0]] if c is not None}.values()),
                     dtype=dtype)

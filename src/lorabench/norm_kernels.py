@@ -29,23 +29,29 @@ import torch
 ROWS = 4  # rows per program: 6,144 programs at 24,576 rows
 
 
-def _backward(original):
+def _frozen_backward(dY, X, W, RSTD, offset, casting_mode, BLOCK_SIZE, num_warps, in_place) -> torch.Tensor:
+    """dX of Liger's RMSNorm of a frozen weight (no dW), its backward kernel on the full grid; dY [rows x cols]."""
     import triton
     from liger_kernel.ops import rms_norm as ln
 
+    n_rows, n_cols = dY.shape
+    dX = dY if in_place else torch.empty_like(dY)  # the kernel writes every row of dX
+    ln._rms_norm_backward_kernel[(triton.cdiv(n_rows, ROWS),)](
+        dY, dY.stride(0), dX, dX.stride(0), X, X.stride(0), ln.torch_to_triton_dtype[X.dtype],
+        W, W.stride(0), RSTD, RSTD.stride(0), None, 0, n_rows, n_cols, offset, ROWS, casting_mode,
+        elementwise_affine=True, BLOCK_SIZE=BLOCK_SIZE, COMPUTE_DW=False, num_warps=num_warps)
+    return dX
+
+
+def _backward(original):
     def rms_norm_backward(dY, X, W, RSTD, offset, casting_mode, BLOCK_SIZE, num_warps, in_place, row_mode,
                           needs_dw=None):
         if W is None or needs_dw is not False or not dY.is_cuda:
             return original(dY, X, W, RSTD, offset, casting_mode, BLOCK_SIZE, num_warps, in_place, row_mode,
                             needs_dw)
         shape = dY.shape
-        dY = dY.view(-1, shape[-1])
-        n_rows, n_cols = dY.shape
-        dX = dY if in_place else torch.zeros_like(dY)
-        ln._rms_norm_backward_kernel[(triton.cdiv(n_rows, ROWS),)](
-            dY, dY.stride(0), dX, dX.stride(0), X, X.stride(0), ln.torch_to_triton_dtype[X.dtype],
-            W, W.stride(0), RSTD, RSTD.stride(0), None, 0, n_rows, n_cols, offset, ROWS, casting_mode,
-            elementwise_affine=True, BLOCK_SIZE=BLOCK_SIZE, COMPUTE_DW=False, num_warps=num_warps)
+        dX = _frozen_backward(dY.view(-1, shape[-1]), X, W, RSTD, offset, casting_mode, BLOCK_SIZE, num_warps,
+                              in_place)
         return dX.view(*shape), None
 
     return rms_norm_backward
@@ -99,20 +105,11 @@ class _FrozenRMSNorm(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        import triton
-        from liger_kernel.ops import rms_norm as ln
-
         x2, w, rstd = ctx.saved_tensors
         offset, mode, block, warps, in_place = ctx.meta
-        shape = dy.shape
-        dy = dy.contiguous().view(-1, shape[-1])
-        n_rows, n_cols = dy.shape
-        dx = dy if in_place else torch.empty_like(dy)  # the kernel writes every row of dX
-        ln._rms_norm_backward_kernel[(triton.cdiv(n_rows, ROWS),)](
-            dy, dy.stride(0), dx, dx.stride(0), x2, x2.stride(0), ln.torch_to_triton_dtype[x2.dtype], w, w.stride(0),
-            rstd, rstd.stride(0), None, 0, n_rows, n_cols, offset, ROWS, mode, elementwise_affine=True,
-            BLOCK_SIZE=block, COMPUTE_DW=False, num_warps=warps)
-        return dx.view(shape), None, None, None, None, None, None, None
+        dx = _frozen_backward(dy.contiguous().view(-1, dy.shape[-1]), x2, w, rstd, offset, mode, block, warps,
+                              in_place)
+        return dx.view(dy.shape), None, None, None, None, None, None, None
 
 
 def _function(original):

@@ -1284,14 +1284,20 @@ HOST_MODELS = {"qwen2.5-7b": "qwen", "gemma-2-9b": "gemma"}
 COMPILING = ("_do_compile", "compile_fx", "make_llir", "make_ptx", "InstructionTranslator")  # first-step frames
 
 
-def host_cell(name: str):
-    """A single run of the host lists (a cell dir, or the one cell of a one-cell sweep)."""
+def run_cell(run: str, name: str):
+    """A single run of a run dir's lists (a cell dir, or the one cell of a one-cell sweep), with its dir set
+    (steps_of reads its steps.jsonl)."""
     from lorabench.results import read_result
 
-    d = RUNS / HOST / name
-    r = read_result((d / "0" if (d / "0").is_dir() else d) / "metrics.json")
-    r.dir = str(d / "0" if (d / "0").is_dir() else d)
+    d = RUNS / run / name
+    d = d / "0" if (d / "0").is_dir() else d
+    r = read_result(d / "metrics.json")
+    r.dir = str(d)
     return r
+
+
+def host_cell(name: str):
+    return run_cell(HOST, name)
 
 
 def spy_shares(name: str) -> dict:
@@ -1429,16 +1435,11 @@ def graphs_log(path: Path) -> dict[str, str]:
 def graphs_section() -> str:
     """Issue 34's Qwen2.5-7B best with its decoder layers replayed as CUDA graphs (backend.cuda_graphs), against
     the same layout without and Unsloth's best layout on the same machine."""
-    from lorabench.results import read_result
-
     d = RUNS / GRAPHS
     gpu = (d / "gpu_c2.csv").read_text().splitlines()[1].split(", ")[1]
-    cell = lambda n: read_result(d / n / "0" / "metrics.json")  # noqa: E731
     names = ("qwen_unsloth", "qwen_fast_c1", "qwen_graphs_1_c1", "qwen_graphs_2_c1", "qwen_fast_c2",
              "qwen_graphs_1_c2", "qwen_graphs_2_c2")
-    cells = {n: cell(n) for n in names}
-    for n, r in cells.items():
-        r.dir = str(d / n / "0")
+    cells = {n: run_cell(GRAPHS, n) for n in names}
     tok = {n: r.metrics["perf/tokens_per_s"] for n, r in cells.items()}
 
     said = graphs_log(d / "log_c1_c2.txt")
@@ -1497,11 +1498,7 @@ LEAN_OPS = {"nf4_kernels.dequantize (Triton)": "nf4_kernels.dequantize (Triton),
 
 
 def lean_cell(name: str):
-    from lorabench.results import read_result
-
-    r = read_result(RUNS / LEAN / name / "0" / "metrics.json")
-    r.dir = str(RUNS / LEAN / name / "0")
-    return r
+    return run_cell(LEAN, name)
 
 
 def lean_costs(call: str) -> dict[str, float]:
