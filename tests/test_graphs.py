@@ -10,22 +10,65 @@ from conftest import FAST, read_steps, requires_cuda, run_in_process
 from lorabench import graphs
 
 
-def test_a_layer_replays_its_graphs_only_where_its_call_is_the_captured_one():
-    sample = (torch.zeros(2, 3, 8, requires_grad=True), torch.zeros(2, 3, 4), torch.zeros(2, 3, 4))
-    calls, eager = [], []
-    forward = graphs._replayed(lambda *a: calls.append(a) or "graph", lambda *a, **k: eager.append(k) or "eager",
-                               sample)
+def test_a_layer_replays_its_graphs_only_where_its_call_is_the_captured_one(monkeypatch):
+    replays, eager = [], []
+    monkeypatch.setattr(graphs._Replay, "apply", lambda slot, x, *params: replays.append((slot, x)) or "graph")
+    sample = (torch.zeros(2, 3, 8, requires_grad=True), (torch.zeros(2, 3, 4), torch.zeros(2, 3, 4)))
+    call = graphs._Call(nn.Linear(8, 8), lambda *a, **k: eager.append(k) or "eager", {})
+    statics, slot = graphs._Statics(), graphs._Slot(x=sample[0], out=sample[0], params=(), fwd=None)
+    forward = graphs._replayed(slot, call, sample[1], statics)
     pe = (torch.ones(2, 3, 4), torch.ones(2, 3, 4))
-    h = torch.ones(2, 3, 8)  # the first layer's input may not require a gradient: the graph's input does
+    h = torch.ones(2, 3, 8)
     assert forward(h, position_embeddings=pe, position_ids=None, cache_position=None) == "graph"
-    assert calls[0][0].requires_grad and torch.equal(calls[0][0], h) and calls[0][1] is pe[0]
+    assert replays[0] == (slot, h) and torch.equal(sample[1][0], pe[0])  # the static position embeddings loaded
     assert forward(h, position_embeddings=pe, attention_mask=torch.ones(2, 1, 3, 3)) == "eager"  # a mask
     assert forward(torch.ones(2, 5, 8), position_embeddings=(torch.ones(2, 5, 4),) * 2) == "eager"  # other shapes
     assert forward(h.half(), position_embeddings=pe) == "eager"  # another dtype
     assert forward(h, position_embeddings=pe, cu_seq_lens_q=torch.tensor([0, 3])) == "eager"  # packed rows
     with torch.no_grad():
         assert forward(h, position_embeddings=pe) == "eager"
-    assert len(calls) == 1 and len(eager) == 5
+    assert len(replays) == 1 and len(eager) == 5
+
+
+def test_position_embeddings_are_copied_once_per_forward_into_the_static_pair_the_layers_share(monkeypatch):
+    copies = []
+    cos, sin = torch.zeros(4), torch.zeros(4)
+    statics = graphs._Statics()
+    pair = statics.static((cos, sin))
+    assert statics.static((cos, sin)) is not pair and all(a is b for a, b in zip(statics.static((cos, sin)), pair))
+    monkeypatch.setattr(torch.Tensor, "copy_", lambda self, src: copies.append(src) or self)
+    step1 = (torch.ones(4), torch.ones(4))
+    for _ in range(3):  # three layers of one forward: one copy each
+        statics.load(pair, step1)
+    assert len(copies) == 2
+    statics.load(pair, (torch.ones(4), torch.ones(4)))  # the next forward's tensors: copied again
+    assert len(copies) == 4
+
+
+def test_a_flex_mask_that_depends_on_shapes_alone_is_part_of_the_captured_call(monkeypatch):
+    """transformers' causal and sliding-window block masks over rows without padding have one key per shape
+    and window; a padded batch's mask reads the batch (its key is False: the layer is not captured)."""
+    from transformers import masking_utils as mu
+
+    monkeypatch.setattr(mu, "_is_torch_greater_or_equal_than_2_6", False)  # masks built uncompiled (30 s on CPU)
+
+    def mask(length=128, window=None, attention_mask=None):
+        fn = mu.sliding_window_causal_mask_function(window) if window else mu.causal_mask_function
+        return mu.flex_attention_mask(2, length, length, mask_function=fn, attention_mask=attention_mask)
+
+    ones = torch.ones(2, 128, dtype=torch.bool)
+    key = graphs.mask_key(mask(attention_mask=ones))
+    assert key and key == graphs.mask_key(mask())  # two builds, one key
+    assert graphs.mask_key(mask(window=64)) not in (key, False)
+    assert graphs.mask_key(mask(window=64)) != graphs.mask_key(mask(window=32))
+    assert graphs.mask_key(mask(length=256)) != key
+    padded = ones.clone()
+    padded[1, 100:] = False
+    assert graphs.mask_key(mask(attention_mask=padded)) is False
+    assert graphs._refusal({"attention_mask": mask(attention_mask=padded), "position_embeddings": ()}).startswith(
+        "an attention mask that depends on the batch")
+    assert graphs._refusal({"attention_mask": mask(), "position_embeddings": ()}) is None
+    assert graphs.mask_key(None) is None and graphs.mask_key(torch.ones(2, 1, 4, 4)) is False
 
 
 def test_each_adapted_projection_gets_its_dropout_seed_in_device_memory():
@@ -107,3 +150,56 @@ def test_graphs_with_several_processes_are_refused_by_name_before_they_start():
         with pytest.raises(CellSkipped, match=match):
             fastpath.check_sharded(c)
     fastpath.check_sharded(OmegaConf.to_object(compose_cfg(["backend=fast", "backend.cuda_graphs=true"])))
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("model_type", ["llama", "gemma2"])
+def test_captured_layers_compute_the_eager_step_in_shared_memory_on_gpu(model_type):
+    """A tiny bf16 model through the fast path (Gemma-2: soft-capped attention as flex attention, its causal and
+    sliding-window block masks part of the captured calls), two micro-batches accumulated: with its layers
+    replayed as graphs, the losses and every LoRA gradient are the eager step's within one bf16 rounding of
+    the norm (2^-8), at two steps; consecutive layers share their hidden states and gradients in memory."""
+    from test_fast_arch import REFUSED, build, cfg
+
+    from lorabench import backends, fastpath, modeling
+
+    cuda = torch.device("cuda", 0)
+    c = cfg("backend=fast", "data.packing=false", "lora.dropout=0", "precision=bf16", "lora.target_modules=[all-linear]",
+            "train.gradient_checkpointing=false", *REFUSED.get(model_type, ("", []))[1])
+    base = build(model_type, torch.bfloat16, cuda)
+    g = torch.Generator().manual_seed(3)
+    batches = [torch.randint(0, 256, (2, 16), generator=g).to(cuda) for _ in range(2)]
+    with fastpath.around_cell(c, base.config):
+        model = fastpath.apply(base, c, cuda, fastpath.Stage.BEFORE_LORA)
+        model = modeling.apply_lora(model, c.lora, c.precision.name, False, c.backend.upcast_fp32)
+        model = fastpath.apply(model, c, cuda, fastpath.Stage.AFTER_LORA)
+        backends.apply_checkpointing(model, c.train, cuda)
+        model.train()
+        for n, p in model.named_parameters():  # PEFT's B = 0 would leave A without a gradient
+            if "lora_B" in n:
+                p.data.normal_(0, 0.05, generator=torch.Generator(cuda).manual_seed(1))
+
+        def step():
+            losses = []
+            for ids in batches:
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    loss = model(input_ids=ids, labels=ids).loss
+                loss.backward()
+                losses.append(loss.item())
+            grads = {n: p.grad.double().clone() for n, p in model.named_parameters() if p.requires_grad}
+            model.zero_grad(set_to_none=True)
+            return losses, grads
+
+        eager = step()
+        layers = fastpath.decoder_layers(model)
+        captured = graphs.capture(model, {"input_ids": batches[0], "labels": batches[0]}, layers,
+                                  [True] * len(layers), torch.bfloat16, accumulate=True)
+        assert captured.layers == len(layers) == 2
+        low, high = captured.slots
+        assert high.x.data_ptr() == low.out.data_ptr() and low.grad_out is high.grads[0]  # shared, not copied
+        for _ in range(2):
+            replayed = step()
+            assert replayed[0] == pytest.approx(eager[0], rel=2**-8)
+            for n, ref in eager[1].items():
+                assert (replayed[1][n] - ref).norm() <= 2**-8 * ref.norm(), n

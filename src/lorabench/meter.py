@@ -67,7 +67,8 @@ class MeasuredTrainer(Trainer):
         if self.graphs is None:
             layers, dtype = self.graph_layers, torch.float16 if self.args.fp16 else torch.bfloat16
             self.graphs = graphs.capture(self.model, self._prepare_inputs(dict(inputs)), layers,
-                                         [getattr(layer, "lorabench_kept", True) for layer in layers], dtype)
+                                         [getattr(layer, "lorabench_kept", True) for layer in layers], dtype,
+                                         accumulate=self.args.gradient_accumulation_steps > 1)
             self.model.lorabench_graphs = self.graphs  # for the cell's record (lorabench.loop)
         self.graphs.before_step()
 
