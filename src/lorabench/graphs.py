@@ -100,15 +100,17 @@ class Graphs:
     layers: int = 0
     dtype: torch.dtype = torch.bfloat16  # the activations' (the adapters' copy is in it)
     pool_bytes: int = 0  # what the capture added to the memory reserved: the graphs' private pool, at most
+    unowned_bytes: int = 0  # of it, what no tensor owns (the graphs' activations and temporaries)
     slots: list = field(default_factory=list)  # each captured layer's graphs and memory (_Slot), bottom first
 
     def metrics(self, memory: dict) -> dict:
-        """The cell's record: how many layers were captured, and the peak allocated with the graphs' pool in it.
-        A replay allocates nothing through the caching allocator, so its peak allocated alone leaves out every
-        tensor the graphs hold (their activations and temporaries); the pool is reserved for them alone."""
+        """The cell's record: how many layers were captured, and the peak allocated with the graphs' memory in
+        it. A replay allocates nothing through the caching allocator, so its peak allocated alone leaves out what
+        the graphs hold that no tensor owns (their activations and temporaries), reserved in their pool; the
+        tensors of the pool the layers return (hidden states, gradients) are counted already."""
         out = {"graphs/layers": self.layers, "mem/graph_pool_gib": self.pool_bytes / 2**30}
         if "mem/peak_allocated_gib" in memory:
-            out["mem/peak_allocated_gib"] = memory["mem/peak_allocated_gib"] + self.pool_bytes / 2**30
+            out["mem/peak_allocated_gib"] = memory["mem/peak_allocated_gib"] + self.unowned_bytes / 2**30
         return out
 
     def before_step(self) -> None:
@@ -231,14 +233,15 @@ def capture(model, inputs: dict, layers, keep: list[bool], dtype: torch.dtype, a
     with torch.autocast(device.type, dtype=dtype, cache_enabled=False):
         _warm_up(calls, samples)
         torch.cuda.empty_cache()  # the warmup's blocks, cached for its side stream, back to the device
-        reserved = torch.cuda.memory_reserved(device)
+        reserved, allocated = torch.cuda.memory_reserved(device), torch.cuda.memory_allocated(device)
         slots = _capture_chain(calls, samples, [b - a == 1 for a, b in zip(chosen, chosen[1:])], accumulate)
     graphs.pool_bytes = torch.cuda.memory_reserved(device) - reserved
+    graphs.unowned_bytes = graphs.pool_bytes - (torch.cuda.memory_allocated(device) - allocated)
     for i, call, slot, (_, pe) in zip(chosen, calls, slots, samples):
         layers[i].forward = _replayed(slot, call, pe, statics)
     graphs.layers, graphs.slots = len(chosen), slots
-    log.info("backend.cuda_graphs: %d of %d decoder layers captured (forward and backward), %.2f GiB of graphs' "
-             "memory", len(chosen), len(layers), graphs.pool_bytes / 2**30)
+    log.info("backend.cuda_graphs: %d of %d decoder layers captured (forward and backward), their pool %.2f GiB "
+             "(activations included)", len(chosen), len(layers), graphs.pool_bytes / 2**30)
     return graphs
 
 
