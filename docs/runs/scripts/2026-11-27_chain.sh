@@ -8,7 +8,9 @@
 #   bash docs/runs/scripts/2026-11-27_chain.sh <commit> c1|c2|c3   (carry .whl_b and .whl_unsloth)
 #     c1: the GPU tests of the graphs and the parts they read, then Gemma-2-9B (graphs at two layouts, fast's
 #     best eager layout, Unsloth's best); c2: Qwen2.5-7B and Llama-3.1-8B (graphs, Unsloth); c3: Qwen3-8B
-#     (graphs, Unsloth), then each model's graphs cell again while time is left.
+#     (graphs, Unsloth), then each model's graphs cell again while time is left. c4 (another machine, after the
+#     record's fix and the GPU tests' rework): the GPU tests of the graphs, then the two closest ratios again
+#     (Qwen2.5-7B and Gemma-2-9B, graphs and Unsloth), then a layout each with more layers or rows captured.
 set -u
 LIMIT_S=${LIMIT_S:-560}; source "$(dirname "$0")/device_setup.sh" "$@"  # wheels, environment, t0
 source "$(dirname "$0")/gpu_lists.sh" "$@"  # /tmp/runs, the clocks, left, sweep, pack_call
@@ -34,5 +36,13 @@ c3)
   sweep 0 qwen3_unsloth $q3 backend=unsloth batch=24 $ckpt=1 backend.unsloth_offload=true
   sweep 0 gemma_graphs_2 $g $graphs batch=4 $ckpt=${GEMMA_CKPT:-0.375}
   sweep 0 llama_graphs_2 $l $graphs batch=4 $ckpt=0 ;;
+c4)
+  timeout 150 python3 -m pytest -q -m gpu tests/test_graphs.py > $R/gpu_tests_$2.txt 2>&1; tail -3 $R/gpu_tests_$2.txt
+  sweep 0 qwen_graphs_b4_$2 $q $graphs batch=4 $ckpt=0
+  sweep 0 qwen_unsloth_$2 $q backend=unsloth batch=4 train.gradient_checkpointing=false
+  sweep 0 gemma_graphs_b4_c375_$2 $g $graphs batch=4 $ckpt=0.375
+  sweep 0 gemma_unsloth_$2 $g backend=unsloth batch=8 $ckpt=1 backend.unsloth_offload=false
+  sweep 0 qwen_graphs_b5_$2 $q $graphs batch=5 $ckpt=0
+  sweep 0 gemma_graphs_b4_c31_$2 $g $graphs batch=4 $ckpt=0.31 ;;
 esac
 pack_call $2
