@@ -11,6 +11,8 @@
 #     (graphs, Unsloth), then each model's graphs cell again while time is left. c4 (another machine, after the
 #     record's fix and the GPU tests' rework): the GPU tests of the graphs, then the two closest ratios again
 #     (Qwen2.5-7B and Gemma-2-9B, graphs and Unsloth), then a layout each with more layers or rows captured.
+#     c5 (a third machine, after the GPU test's Llama model was given SDPA attention, as the cells' models have):
+#     the GPU tests, then Llama-3.1-8B and Qwen3-8B (graphs, Unsloth) and Gemma-2's graphs cell again.
 set -u
 LIMIT_S=${LIMIT_S:-560}; source "$(dirname "$0")/device_setup.sh" "$@"  # wheels, environment, t0
 source "$(dirname "$0")/gpu_lists.sh" "$@"  # /tmp/runs, the clocks, left, sweep, pack_call
@@ -44,5 +46,12 @@ c4)
   sweep 0 gemma_unsloth_$2 $g backend=unsloth batch=8 $ckpt=1 backend.unsloth_offload=false
   sweep 0 qwen_graphs_b5_$2 $q $graphs batch=5 $ckpt=0
   sweep 0 gemma_graphs_b4_c31_$2 $g $graphs batch=4 $ckpt=0.31 ;;
+c5)
+  timeout 150 python3 -m pytest -q -m gpu tests/test_graphs.py > $R/gpu_tests_$2.txt 2>&1; tail -3 $R/gpu_tests_$2.txt
+  sweep 0 llama_graphs_b4_$2 $l $graphs batch=4 $ckpt=0
+  sweep 0 llama_unsloth_$2 $l backend=unsloth batch=4 train.gradient_checkpointing=false
+  sweep 0 qwen3_graphs_b4_c25_$2 $q3 $graphs batch=4 $ckpt=0.25
+  sweep 0 qwen3_unsloth_$2 $q3 backend=unsloth batch=24 $ckpt=1 backend.unsloth_offload=true
+  sweep 0 gemma_graphs_b4_c375_$2 $g $graphs batch=4 $ckpt=0.375 ;;
 esac
 pack_call $2
