@@ -1862,7 +1862,7 @@ def glance() -> str:
         f"- Newest, issue 34's four models' best layouts within 22 GiB at seq 1024 with their decoder layers replayed "
         f"as CUDA graphs (`backend.cuda_graphs=true`, a knob of `backend=fast`; docs/results.md's first section), on "
         f"two machines of one {h100_gpu('a')} each, over Unsloth's best layout on the same machine: "
-        + "; ".join(f"{m} {min(chx[m, 'a'] + chx[m, 'b']):.3f}x-{max(chx[m, 'a'] + chx[m, 'b']):.3f}x"
+        + "; ".join(f"{m} " + "-".join(sorted({f"{f(chx[m, 'a'] + chx[m, 'b']):.3f}x" for f in (min, max)}))
                     for m in CHAIN_MODELS)
         + " (issue 34 asks 1.15x; a cell under it: "
         + (", ".join(m for m in CHAIN_MODELS if min(chx[m, "a"] + chx[m, "b"]) < 1.15) or "none") + ").",
