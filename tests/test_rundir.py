@@ -546,3 +546,23 @@ def test_a_sweep_whose_report_cannot_be_written_exits_2_and_keeps_its_cells(tmp_
     assert [line for line in err if line.startswith(f"Sweep {tmp_path}: the report could not be written: ")]
     assert err[-1].startswith("cells: 2 = 2 ok")
     assert [read_result(tmp_path / n / "metrics.json").status for n in ("0", "1")] == [Status.ok, Status.ok]
+
+
+def test_the_write_check_of_a_dir_that_several_nodes_share_passes_when_they_check_at_once(tmp_path, monkeypatch):
+    """A multi-node cell's processes check one run dir at once: each writes and removes a probe of its own (with
+    one name for all, a node that removed the probe between another's write and removal failed that one:
+    "cannot write there (No such file or directory)"). Here the second node checks inside the first's check."""
+    from lorabench import sweep
+
+    pids, real, nested = iter([1001, 1002]), Path.write_bytes, []
+    monkeypatch.setattr(sweep.os, "getpid", lambda: next(pids))
+
+    def write_bytes(self, data):
+        n = real(self, data)
+        if not nested:  # the other node's whole check, between this node's write and its removal
+            nested.append(self.name)
+            sweep.check_writable(tmp_path, "hydra.run.dir")
+        return n
+    monkeypatch.setattr(Path, "write_bytes", write_bytes)
+    sweep.check_writable(tmp_path, "hydra.run.dir")  # returns: no exit
+    assert nested and list(tmp_path.iterdir()) == []

@@ -50,7 +50,7 @@ def one_line(e: BaseException) -> str:
 def check_writable(path: Path, key: str) -> None:
     """Stop with one line when the output dir cannot be made or written, or has less room than what
     Hydra writes there before the cell starts (Hydra would print a traceback)."""
-    probe = path / ".lorabench-write-test"
+    probe = path / f".lorabench-write-test.{os.getpid()}"  # one per process: a run's nodes share their dir
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe.write_bytes(b"\0")
