@@ -1520,7 +1520,7 @@ def chain_section() -> str:
         "recompute more layers (" + "; ".join(sorted({said[n] for n, r in cells if r.ok and graphed(r) and n in said
                                                      and r.config["model"]["name"] == "gemma-2-9b"})) + "). Eager at "
         "its best layout on machine a: " + ", ".join(f"{tok[n]:,.0f}" for n in eager) + " tok/s. Machine a's graphs "
-        "cells ran before the record's fix (1a5bb50): their `mem/peak_allocated_gib` in metrics.json counts the "
+        "cells ran before the record's fix (2ed7703): their `mem/peak_allocated_gib` in metrics.json counts the "
         "pool's tensors that the layers return twice; peak reserved, above, is right. The GPU tests "
         "(gpu_tests_c5.txt: 4 passed) check that the captured layers compute the eager step's losses and LoRA "
         "gradients within one bf16 rounding, for Llama and for Gemma-2 with flex attention, with two micro-batches "
