@@ -156,10 +156,11 @@ def mask_key(mask):
     return False if fn is None else (tuple(mask.seq_lengths), tuple(mask.BLOCK_SIZE), tuple(mask.shape), fn)
 
 
-def _refusal(kwargs: dict) -> str | None:
-    """Why a layer's call with these keyword arguments cannot be a captured one, or None."""
+def _refusal(kwargs: dict, key=None) -> str | None:
+    """Why a layer's call with these keyword arguments cannot be a captured one, or None; key: its mask's
+    mask_key where the caller has it already."""
     mask = kwargs.get("attention_mask")
-    if mask_key(mask) is False:
+    if (mask_key(mask) if key is None else key) is False:
         return f"an attention mask that depends on the batch ({type(mask).__name__})"
     if kwargs.get("past_key_values") is not None:
         return "a cache"
@@ -311,11 +312,12 @@ def _replayed(slot: _Slot, call: _Call, pe: tuple, statics: _Statics):
     key, fell_back = mask_key(call.static.get("attention_mask")), []
 
     def forward(hidden_states, **kwargs):
-        why = _refusal(kwargs)
+        mine = mask_key(kwargs.get("attention_mask"))  # once per call: it walks the mask function's closures
+        why = _refusal(kwargs, mine)
         new = kwargs.get("position_embeddings")
         if why is None and [(t.shape, t.dtype) for t in (hidden_states, *new)] != shapes:
             why = "other shapes or dtypes"
-        if why is None and mask_key(kwargs.get("attention_mask")) != key:
+        if why is None and mine != key:
             why = "another attention mask"
         if why is not None or not torch.is_grad_enabled():
             if why is not None and not fell_back:

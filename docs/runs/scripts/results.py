@@ -1424,28 +1424,28 @@ def chain_machine(name: str) -> str:
     return "b" if name.endswith(("_c4", "_c5")) else "a"
 
 
-def chain_cells() -> list[tuple[str, object]]:
-    """(dir name, cell) of every cell of the run, machine a's first, in the order they ran."""
-    said = {}
-    for m in ("a", "b"):
-        name = None
-        for line in (RUNS / CHAIN / f"log_{m}.txt").read_text().splitlines():
-            if line.startswith("== gpu 0 "):
-                name = line.split()[3].rstrip(":")
-                said.setdefault(name, len(said))
-    return sorted(((n, run_cell(CHAIN, n)) for n in said), key=lambda nr: said[nr[0]])
+def log_cells(path: Path):
+    """(cell, None) where a measuring script's output starts a cell ("== gpu 0 <cell>: ..."), then (cell, what
+    lorabench.graphs logged) for its line in that cell."""
+    name = None
+    for line in path.read_text().splitlines():
+        if line.startswith("== gpu 0 "):
+            name = line.split()[3].rstrip(":")
+            yield name, None
+        elif "[lorabench.graphs]" in line and name:
+            yield name, line.split("backend.cuda_graphs: ", 1)[1]
 
 
-def chain_log() -> dict[str, str]:
-    """{cell: what lorabench.graphs logged in it}."""
-    out, name = {}, None
+def chain_run() -> tuple[list[tuple[str, object]], dict[str, str]]:
+    """(dir name, cell) of every cell of the run, machine a's first, in the order they ran; and {cell: what
+    lorabench.graphs logged in it}."""
+    order, said = {}, {}
     for m in ("a", "b"):
-        for line in (RUNS / CHAIN / f"log_{m}.txt").read_text().splitlines():
-            if line.startswith("== gpu 0 "):
-                name = line.split()[3].rstrip(":")
-            elif "[lorabench.graphs]" in line and name:
-                out[name] = line.split("backend.cuda_graphs: ", 1)[1].split(" (forward")[0]
-    return out
+        for name, what in log_cells(RUNS / CHAIN / f"log_{m}.txt"):
+            order.setdefault(name, None)
+            if what is not None:
+                said[name] = what.split(" (forward")[0]
+    return [(n, run_cell(CHAIN, n)) for n in order], said
 
 
 def chain_ratios(cells) -> dict[tuple[str, str], list[float]]:
@@ -1465,7 +1465,7 @@ def chain_section() -> str:
     the same machine, on two machines."""
     d = RUNS / CHAIN
     gpu = (d / "gpu_a_c1.csv").read_text().splitlines()[1].split(", ")[1]
-    cells, said = chain_cells(), chain_log()
+    cells, said = chain_run()
     graphed = lambda r: r.config["backend"].get("cuda_graphs", False)  # noqa: E731
 
     def row(n, r):
@@ -1538,13 +1538,12 @@ GRAPHS = "2026-11-26_graphs"  # 2026-11-26_graphs.sh 0d0de39 c1, ae17285 c2: one
 def graphs_log(path: Path) -> dict[str, str]:
     """{cell: what lorabench.graphs logged in it} from a call's output, a cell's second run named *_c2."""
     said, seen, name = {}, set(), None
-    for line in path.read_text().splitlines():
-        if line.startswith("== gpu 0 "):
-            base = line.split()[3].rstrip(":")
+    for base, what in log_cells(path):
+        if what is None:
             name = f"{base}_{'c2' if base in seen else 'c1'}"
             seen.add(base)
-        elif "[lorabench.graphs]" in line and name:
-            said[name] = line.split("backend.cuda_graphs: ", 1)[1]
+        else:
+            said[name] = what
     return said
 
 
@@ -1857,7 +1856,7 @@ def glance() -> str:
         "perf/tokens_per_s"] for n in lean_fast_cells(m, "c")] for m in LEAN_MODELS}
     gd = {n: load_cells(RUNS / GRAPHS / n)[0].metrics["perf/tokens_per_s"] for n in
           ("qwen_unsloth", "qwen_graphs_1_c2", "qwen_graphs_2_c2")}
-    chx = chain_ratios(chain_cells())
+    chx = chain_ratios(chain_run()[0])
     return "\n".join([
         f"- Newest, issue 34's four models' best layouts within 22 GiB at seq 1024 with their decoder layers replayed "
         f"as CUDA graphs (`backend.cuda_graphs=true`, a knob of `backend=fast`; docs/results.md's first section), on "
