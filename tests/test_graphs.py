@@ -201,6 +201,7 @@ def test_captured_layers_compute_the_eager_step_in_shared_memory_on_gpu(model_ty
         assert captured.layers == len(layers) == 2
         low, high = captured.slots
         assert high.x.data_ptr() == low.out.data_ptr() and low.grad_out is high.grads[0]  # shared, not copied
+        assert high.grad_out is low.grads[0]  # two gradient buffers, alternating
         if dropout:
             seeds = captured.seeds.clone()
             first, again = step(), (captured.seeds.copy_(seeds), step())[1]
