@@ -34,10 +34,17 @@ llama() { local m="$cell model=llama-3.1-8b" r
     h="sweep 0 llama_hf_$r $m backend=hf batch=6 $ckpt=1"
     if [ $r = 1 ]; then $g && $u && $h || return; else $h && $u && $g || return; fi
   done
-  for s in 1024:16 512:32; do  # fast's and Unsloth's searched whole-GPU bests (2026-11-26_h100), nothing recomputed
-    w="$whole seq_len=${s%:*} batch=${s#*:} train.gradient_checkpointing=false"
-    sweep 0 mistral_s${s%:*}_graphs $w $graphs && sweep 0 mistral_s${s%:*}_unsloth $w backend=unsloth \
-      && sweep 0 mistral_s${s%:*}_fast $w backend=fast || return
+  # fast's and Unsloth's searched whole-GPU bests, nothing recomputed: on an H100 both b16 at seq 1024 and b32
+  # at 512 (2026-11-26_h100); on an H200 fast b32 / b64, Unsloth b48 at 512 (2026-11-26_four), at 1024 its
+  # H100 best and fast's
+  local big=$(nvidia-smi -i 0 --query-gpu=memory.total --format=csv,noheader,nounits)
+  local s f u; for s in 1024 512; do
+    if [ $big -gt 100000 ]; then f=$((32768 / s)); u=$([ $s = 512 ] && echo 48 || echo "16 32"); else
+      f=$((16384 / s)); u=$f; fi
+    w="$whole seq_len=$s train.gradient_checkpointing=false"
+    sweep 0 mistral_s${s}_graphs $w $graphs batch=$f || return
+    for b in $u; do sweep 0 mistral_s${s}_unsloth_b$b $w backend=unsloth batch=$b || return; done
+    sweep 0 mistral_s${s}_fast $w backend=fast batch=$f || return
   done; }
 qwen() { local m="$cell model=qwen2.5-7b" r
   for r in 1 2 3; do
