@@ -7,7 +7,9 @@
 # device tool has: 16), so that the four lists do not take each other's host time. Then issue 35's whole GPU
 # (Mistral-7B, gpu=auto): fast's searched best layout eager and with graphs, and Unsloth's searched best.
 #   source docs/runs/scripts/device_setup.sh <commit> c0      (carry .whl: installs it)
-#   bash docs/runs/scripts/2026-11-27_bests.sh <commit> c1|c2|c3   (carry .whl_b and .whl_unsloth)
+#   bash docs/runs/scripts/2026-11-27_bests.sh <commit> c1|c2   (carry .whl_b and .whl_unsloth)
+#   LIMIT_S=420 bash docs/runs/scripts/2026-11-27_bests.sh <commit> c3: the GPU tests again (after the fused
+#   LoRA test's fix), then a third round of graphs and Unsloth for Llama-3.1-8B (GPU 1) and Qwen3-8B (GPU 2)
 # Every call runs each list from the top, passing over what an earlier call finished (sweep, gpu_lists.sh):
 #   round 1: graphs, Unsloth, hf; a layout with graphs that fits only with the alternating gradients;
 #   round 2: the same three cells in the reverse order; then GPU 0 Mistral-7B at seq 1024, GPU 2 at seq 512
@@ -73,5 +75,17 @@ gemma() { local m="$cell model=gemma-2-9b" r
       sweep 3 gemma_graphs_c25 $m $graphs batch=4 $ckpt=0.25 ;;
     2) $h && $u && $g || return ;; 3) $g && $u || return ;; esac
   done; }
-(pinned 0 llama) & (pinned 1 qwen) & (pinned 2 qwen3) & (pinned 3 gemma) & wait
+third() {  # third <gpu> <name> <model> <graphs layout...>: graphs, then Unsloth's best (the arguments after "|")
+  local gpu=$1 name=$2 model=$3; shift 3; local args="$*"
+  sweep $gpu ${name}_graphs_3 $cell model=$model $graphs ${args%%|*} \
+    && sweep $gpu ${name}_unsloth_3 $cell model=$model backend=unsloth ${args#*|}; }
+if [ $2 = c3 ]; then
+  CUDA_VISIBLE_DEVICES=0 timeout 150 python3 -m pytest -q -m gpu tests/test_fused.py tests/test_graphs.py \
+    > $R/gpu_tests_c3.txt 2>&1; tail -1 $R/gpu_tests_c3.txt
+  (pinned 1 "third 1 llama llama-3.1-8b batch=4 train.gradient_checkpointing=false | batch=4 \
+    train.gradient_checkpointing=false") &
+  (pinned 2 "third 2 qwen3 qwen3-8b batch=4 $ckpt=0.25 | batch=24 $ckpt=1 backend.unsloth_offload=true") & wait
+else
+  (pinned 0 llama) & (pinned 1 qwen) & (pinned 2 qwen3) & (pinned 3 gemma) & wait
+fi
 pack_call $2
