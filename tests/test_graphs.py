@@ -30,6 +30,21 @@ def test_a_layer_replays_its_graphs_only_where_its_call_is_the_captured_one(monk
     assert len(replays) == 1 and len(eager) == 5
 
 
+def test_a_recomputed_layer_that_runs_its_own_forward_is_checkpointed_as_before_its_capture(monkeypatch):
+    """Its graphs recompute it, so its checkpointing wrapper is off; a call that is not the captured one (another
+    shape) runs its forward through torch's checkpoint, as the wrapper did; without gradients, plainly."""
+    checkpointed = []
+    monkeypatch.setattr(graphs, "checkpoint", lambda fn, *a, use_reentrant, **k: checkpointed.append(a) or fn(*a, **k))
+    sample = (torch.zeros(2, 3, 8, requires_grad=True), (torch.zeros(2, 3, 4), torch.zeros(2, 3, 4)))
+    call = graphs._Call(nn.Linear(8, 8), lambda *a, **k: "eager", {})
+    slot = graphs._Slot(x=sample[0], out=sample[0], params=(), fwd=None, recompute=True)
+    forward = graphs._replayed(slot, call, sample[1], graphs._Statics())
+    other = (torch.ones(2, 5, 8), (torch.ones(2, 5, 4),) * 2)
+    assert forward(other[0], position_embeddings=other[1]) == "eager" and len(checkpointed) == 1
+    with torch.no_grad():
+        assert forward(other[0], position_embeddings=other[1]) == "eager" and len(checkpointed) == 1
+
+
 def test_position_embeddings_are_copied_once_per_forward_into_the_static_pair_the_layers_share(monkeypatch):
     copies = []
     cos, sin = torch.zeros(4), torch.zeros(4)
@@ -152,14 +167,16 @@ def test_graphs_with_several_processes_are_refused_by_name_before_they_start():
 
 @pytest.mark.gpu
 @requires_cuda
-@pytest.mark.parametrize("model_type,dropout", [("llama", 0), ("gemma2", 0), ("llama", 0.5)])
-def test_captured_layers_compute_the_eager_step_in_shared_memory_on_gpu(model_type, dropout):
+@pytest.mark.parametrize("model_type,dropout,recomputed", [("llama", 0, 0), ("gemma2", 0, 0), ("llama", 0.5, 0),
+                                                           ("llama", 0, 0.5), ("gemma2", 0, 0.5)])
+def test_captured_layers_compute_the_eager_step_in_shared_memory_on_gpu(model_type, dropout, recomputed):
     """A tiny bf16 model through the fast path (Gemma-2: soft-capped attention as flex attention, its causal and
     sliding-window block masks part of the captured calls), two micro-batches accumulated: with its layers
     replayed as graphs, the losses and every LoRA gradient are the eager step's within one bf16 rounding of
     the norm (2^-8), at two steps; consecutive layers share their hidden states and gradients in memory.
-    With LoRA dropout the graphs read their seeds from device memory: the same seeds give the same step, new
-    seeds (Graphs.before_step) other masks."""
+    With one of the two layers recomputed (checkpointed in the eager step), its backward graph computes its
+    forward again. With LoRA dropout the graphs read their seeds from device memory: the same seeds give the
+    same step, new seeds (Graphs.before_step) other masks."""
     from test_fast_arch import REFUSED, build, cfg
 
     from lorabench import backends, fastpath, modeling
@@ -167,7 +184,8 @@ def test_captured_layers_compute_the_eager_step_in_shared_memory_on_gpu(model_ty
     cuda = torch.device("cuda", 0)
     c = cfg("backend=fast", "data.packing=false", f"lora.dropout={dropout}", "precision=bf16",
             "lora.target_modules=[all-linear]",
-            "train.gradient_checkpointing=false", *REFUSED.get(model_type, ("", []))[1])
+            f"train.gradient_checkpointing={recomputed > 0}", f"train.checkpoint_fraction={recomputed or 1}",
+            *REFUSED.get(model_type, ("", []))[1])
     base = build(model_type, torch.bfloat16, cuda)
     if model_type != "gemma2":  # build's eager attention takes a mask tensor (not captured); a cell's takes none
         base.set_attn_implementation("sdpa")
@@ -196,9 +214,13 @@ def test_captured_layers_compute_the_eager_step_in_shared_memory_on_gpu(model_ty
 
         eager = step() if dropout == 0 else None
         layers = fastpath.decoder_layers(model)
+        again = [layer.gradient_checkpointing for layer in layers]
+        assert sum(again) == round(recomputed * len(layers))
         captured = graphs.capture(model, {"input_ids": batches[0], "labels": batches[0]}, layers,
-                                  [True] * len(layers), torch.bfloat16, accumulate=True)
+                                  [layer.lorabench_kept for layer in layers], torch.bfloat16, accumulate=True,
+                                  recompute=again)
         assert captured.layers == len(layers) == 2
+        assert [s.recompute for s in captured.slots] == again and not any(x.gradient_checkpointing for x in layers)
         low, high = captured.slots
         assert high.x.data_ptr() == low.out.data_ptr() and low.grad_out is high.grads[0]  # shared, not copied
         assert high.grad_out is low.grads[0]  # two gradient buffers, alternating

@@ -569,10 +569,10 @@ class BackendConfig:
     # host work once its compiled kernel is known (lorabench.lean_launch): the same kernels on the same
     # arguments; each of a decoder layer's ~30 Triton launches a step costs the host fewer microseconds.
     lean_launch: bool = False
-    # On one CUDA GPU, each decoder layer that is neither recomputed nor offloaded captured once as CUDA graphs
-    # (its forward and its backward, consecutive layers sharing their hidden states and gradients) and replayed
-    # at every step, where a layer's call is as captured (lorabench.graphs): two launches per layer instead of
-    # each kernel's from Python. Needs fixed shapes (fixed-length rows) and no mask that reads the batch; one
+    # On one CUDA GPU, each decoder layer that is not offloaded captured once as CUDA graphs (its forward and its
+    # backward, a recomputed layer's forward again in its backward graph; consecutive layers sharing their hidden
+    # states and gradients) and replayed at every step, where a layer's call is as captured (lorabench.graphs):
+    # two launches per layer instead of each kernel's from Python. Needs fixed shapes (fixed-length rows) and no mask that reads the batch; one
     # process (several: skipped before they start); off in fast (a knob to sweep where the host sets the pace).
     cuda_graphs: bool = False
     # With Liger's RMSNorm: its backward, where the norm's weight is frozen (QLoRA), launched with one

@@ -394,7 +394,8 @@ PARTS = (
     Part("flat_optimizer", "the adapters updated as one flat tensor (lorabench.flat_optim)", Stage.TRAINER,
          unsharded="makes the adapters views of one flat tensor; FSDP2 holds each as a DTensor shard of its own"),
     Part("lean_step", "the Trainer's per-step host work cut (lorabench.meter.lean_step)", Stage.TRAINER),
-    Part("cuda_graphs", "each kept decoder layer's forward and backward replayed as CUDA graphs (lorabench.graphs)",
+    Part("cuda_graphs", "each kept or recomputed decoder layer's forward and backward replayed as CUDA graphs "
+         "(lorabench.graphs)",
          Stage.TRAINER, Cuda.ONLY, through=("fused_lora",),
          unsharded="captures each layer's forward and backward on one GPU; FSDP2 gathers its weights in hooks"),
     Part("gc_every", "Python's garbage collector on a schedule: its young generations every N steps, never a "

@@ -16,13 +16,19 @@ gradient, so that each layer's hidden states and their gradient are held three m
 previous layer's static output (not copied), and the input gradients alternate between two buffers, each
 layer's output gradient being the next one's input gradient: two gradient buffers in all over the eager step.
 
-Which layers: the kept ones (not recomputed, not offloaded: checkpointing and host copies are not captured),
+Which layers: the kept ones and the recomputed ones (not the offloaded ones: host copies are not captured),
 once, at the first step, from what the model's forward gives them then (a forward without gradients over the
 first batch). A layer whose call carries a mask that depends on the batch (padding, packed rows' boundaries),
 a cache or varlen attention's boundaries is not captured. A flex attention block mask that depends on shapes
 alone (Gemma-2's causal and sliding-window masks over fixed-length rows) is part of the captured call. At any
 later call whose shapes, mask or arguments differ from the captured ones the layer runs its own forward. On
 one GPU (DDP's gradient hooks are not captured).
+
+A recomputed layer (activation checkpointing) is captured as checkpointing computes it: its forward graph runs
+without keeping activations, its backward graph runs the forward again and then the backward, so that its
+activations live only while its backward graph runs, as in the eager step. Its checkpointing wrapper
+(transformers' GradientCheckpointingLayer) is turned off, the graphs doing what it did; a call that runs the
+layer's own forward is checkpointed as before.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 log = logging.getLogger(__name__)
 # Keyword arguments a decoder layer may get that the captured computation does not depend on (the position
@@ -65,6 +72,7 @@ class _Slot:
     grad_out: torch.Tensor | None = None  # the next captured layer's input gradient where consecutive
     grads: tuple = ()  # the input's gradient, then each parameter's
     clone_grads: bool = False  # with gradient accumulation (see _Replay.backward)
+    recompute: bool = False  # its forward graph keeps no activations, its backward graph computes them again
 
 
 class _Replay(torch.autograd.Function):
@@ -202,22 +210,25 @@ def _probe(model, inputs: dict, layers) -> list[tuple | None]:
     return seen
 
 
-def capture(model, inputs: dict, layers, keep: list[bool], dtype: torch.dtype, accumulate: bool = False) -> Graphs:
-    """Capture the kept layers of `layers` whose first call is eligible, and route their later calls through
-    their graphs; returns what each step must refresh. accumulate: gradients are accumulated over micro-batches."""
+def capture(model, inputs: dict, layers, keep: list[bool], dtype: torch.dtype, accumulate: bool = False,
+            recompute: list[bool] | None = None) -> Graphs:
+    """Capture the kept and the recomputed layers of `layers` whose first call is eligible, and route their later
+    calls through their graphs; returns what each step must refresh. accumulate: gradients are accumulated over
+    micro-batches; recompute: which layers are checkpointed (their activations computed again in the backward)."""
     if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
         raise RuntimeError("backend.cuda_graphs runs on one GPU (DDP's gradient hooks are not captured): use "
                            "backend.cuda_graphs=false with several")
     device = next(model.parameters()).device
     with torch.autocast(device.type, dtype=dtype):
         seen = _probe(model, inputs, layers)
+    again = recompute or [False] * len(layers)
+    keep = [k or r for k, r in zip(keep, again)]
     chosen = [i for i, (k, s) in enumerate(zip(keep, seen)) if k and s is not None and _refusal(s[1]) is None]
     graphs = Graphs(copies=list({id(c): c for p in model.parameters()
                                  for c in [getattr(p, "lorabench_low", (None,))[0]] if c is not None}.values()),
                     dtype=dtype)
     if not chosen:
-        why = next((_refusal(s[1]) for k, s in zip(keep, seen) if k and s is not None), "every layer recomputed "
-                   "or offloaded")
+        why = next((_refusal(s[1]) for k, s in zip(keep, seen) if k and s is not None), "every layer offloaded")
         log.info("backend.cuda_graphs: no decoder layer to capture (%s)", why)
         return graphs
     graphs.seeds = _seed_slots([layers[i] for i in chosen], device)
@@ -235,14 +246,18 @@ def capture(model, inputs: dict, layers, keep: list[bool], dtype: torch.dtype, a
         _warm_up(calls, samples)
         torch.cuda.empty_cache()  # the warmup's blocks, cached for its side stream, back to the device
         reserved, allocated = torch.cuda.memory_reserved(device), torch.cuda.memory_allocated(device)
-        slots = _capture_chain(calls, samples, [b - a == 1 for a, b in zip(chosen, chosen[1:])], accumulate)
+        slots = _capture_chain(calls, samples, [b - a == 1 for a, b in zip(chosen, chosen[1:])], accumulate,
+                               [again[i] for i in chosen])
     graphs.pool_bytes = torch.cuda.memory_reserved(device) - reserved
     graphs.unowned_bytes = graphs.pool_bytes - (torch.cuda.memory_allocated(device) - allocated)
     for i, call, slot, (_, pe) in zip(chosen, calls, slots, samples):
         layers[i].forward = _replayed(slot, call, pe, statics)
+        if slot.recompute:  # the graphs recompute it; transformers' wrapper would checkpoint the replay itself
+            layers[i].gradient_checkpointing = False
     graphs.layers, graphs.slots = len(chosen), slots
-    log.info("backend.cuda_graphs: %d of %d decoder layers captured (forward and backward), their pool %.2f GiB "
-             "(activations included)", len(chosen), len(layers), graphs.pool_bytes / 2**30)
+    log.info("backend.cuda_graphs: %d of %d decoder layers captured (forward and backward; %d of them recomputed "
+             "in their backward graph), their pool %.2f GiB (activations included)", len(chosen), len(layers),
+             sum(s.recompute for s in slots), graphs.pool_bytes / 2**30)
     return graphs
 
 
@@ -254,25 +269,29 @@ def _warm_up(calls, samples) -> None:
         for call, (x, pe) in zip(calls, samples):
             params = tuple(p for p in call.parameters() if p.requires_grad)
             for _ in range(WARMUP):
+                with torch.no_grad():  # a recomputed layer's forward graph (the others': no harm)
+                    call(x, *pe)
                 out = call(x, *pe)
                 torch.autograd.grad(out, (x, *params), torch.empty_like(out), allow_unused=True)
             del out
     torch.cuda.synchronize()
 
 
-def _capture_chain(calls, samples, consecutive: list[bool], accumulate: bool) -> list[_Slot]:
+def _capture_chain(calls, samples, consecutive: list[bool], accumulate: bool, again: list[bool]) -> list[_Slot]:
     """The forwards captured in order and the backwards in reverse, in one pool, as they replay. Where layer
     i + 1 follows layer i, its input is layer i's output and layer i's output gradient is its input gradient:
-    the memory is shared, not copied."""
+    the memory is shared, not copied. again: the layers whose backward graph computes their forward again."""
     pool, slots, x = torch.cuda.graph_pool_handle(), [], samples[0][0]
     for i, (call, (_, pe)) in enumerate(zip(calls, samples)):
         fwd = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(fwd, pool=pool):
+        # A recomputed layer's forward keeps nothing for the backward: its temporaries go back to the pool when
+        # its capture ends, for the captures after it (they replay after it too).
+        with torch.cuda.graph(fwd, pool=pool), torch.set_grad_enabled(not again[i]):
             out = call(x, *pe)
         if not isinstance(out, torch.Tensor):
             raise TypeError(f"a decoder layer returned {type(out).__name__}, not its hidden states")
         slots.append(_Slot(x=x, out=out, params=tuple(p for p in call.parameters() if p.requires_grad), fwd=fwd,
-                           clone_grads=accumulate))
+                           clone_grads=accumulate, recompute=again[i]))
         if i + 1 < len(calls):
             x = out.detach().requires_grad_() if consecutive[i] else samples[i + 1][0]
     # The input gradients alternate between two buffers: layer i's is copied into pingpong[i % 2] (one device
@@ -286,8 +305,11 @@ def _capture_chain(calls, samples, consecutive: list[bool], accumulate: bool) ->
         slot = slots[i]
         slot.bwd, slot.grad_out = torch.cuda.CUDAGraph(), grad_out
         with torch.cuda.graph(slot.bwd, pool=pool):
-            grads = torch.autograd.grad(slot.out, (slot.x, *slot.params), grad_out, allow_unused=True)
+            # a recomputed layer's forward again, reading the same input, position embeddings and dropout seeds
+            out = calls[i](slot.x, *samples[i][1]) if slot.recompute else slot.out
+            grads = torch.autograd.grad(out, (slot.x, *slot.params), grad_out, allow_unused=True)
             pingpong[i % 2].copy_(grads[0])
+            del out
         slot.grads = (pingpong[i % 2], *grads[1:])
         del grads
         if i > 0:
@@ -332,6 +354,8 @@ def _replayed(slot: _Slot, call: _Call, pe: tuple, statics: _Statics):
             if why is not None and not fell_back:
                 fell_back.append(why)
                 log.info("backend.cuda_graphs: a captured layer ran its own forward: %s", why)
+            if slot.recompute and torch.is_grad_enabled():  # checkpointed, as its wrapper did before the capture
+                return checkpoint(call.run, hidden_states, use_reentrant=False, **kwargs)
             return call.run(hidden_states, **kwargs)
         statics.load(pe, new)
         return _Replay.apply(slot, hidden_states, *slot.params)

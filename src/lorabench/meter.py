@@ -60,15 +60,17 @@ class MeasuredTrainer(Trainer):
         return super().training_step(model, inputs, num_items_in_batch)
 
     def _graphs(self, inputs: dict) -> None:
-        """backend.cuda_graphs: the kept layers captured at the first step (lorabench.graphs), then before each
-        step the dropout seeds and the adapters' bf16 copy that their graphs read made new."""
+        """backend.cuda_graphs: the kept and recomputed layers captured at the first step (lorabench.graphs), then
+        before each step the dropout seeds and the adapters' bf16 copy that their graphs read made new."""
         from lorabench import graphs
 
         if self.graphs is None:
             layers, dtype = self.graph_layers, torch.float16 if self.args.fp16 else torch.bfloat16
             self.graphs = graphs.capture(self.model, self._prepare_inputs(dict(inputs)), layers,
                                          [getattr(layer, "lorabench_kept", True) for layer in layers], dtype,
-                                         accumulate=self.args.gradient_accumulation_steps > 1)
+                                         accumulate=self.args.gradient_accumulation_steps > 1,
+                                         recompute=[getattr(layer, "gradient_checkpointing", False)
+                                                    for layer in layers])
             self.model.lorabench_graphs = self.graphs  # for the cell's record (lorabench.loop)
         self.graphs.before_step()
 
