@@ -1416,6 +1416,53 @@ def host_section() -> str:
         "not kept, 14-18 MB each). Table: " + cmd("host")])
 
 
+RECOMPUTE = "2026-11-27_recompute"  # 2026-11-27_recompute.sh bd3db68 c1: one H100, after c0
+
+
+def recompute_section() -> str:
+    """Recomputed layers captured too: Gemma-2-9B's best layout with every layer in a graph, on one H100."""
+    d = RUNS / RECOMPUTE
+    gpu = (d / "gpu_c1.csv").read_text().splitlines()[1].split(", ")[1]
+    said = {n: w.split(" (forward")[0] + " (" + w.split(" (forward and backward; ")[1].split(")")[0] + ")"
+            for n, w in log_cells(d / "log_0.txt") if w is not None}
+    new = run_cell(RECOMPUTE, "gemma_graphs_c375")
+    chain, _ = chain_run()
+    before = [(f"machine {chain_machine(n)} of the chain section", r) for n, r in chain
+              if r.ok and r.config["model"]["name"] == "gemma-2-9b"
+              and r.config["train"].get("checkpoint_fraction") == 0.375 and r.config["backend"].get("cuda_graphs")]
+    unsloth = [(f"machine {chain_machine(n)} of the chain section", r) for n, r in chain
+               if r.ok and r.config["model"]["name"] == "gemma-2-9b" and r.config["backend"]["name"] == "unsloth"]
+
+    def row(where, r, captured):
+        m = r.metrics
+        return [where, an.layout_name(r) + f" ({r.config['backend']['name']})", captured,
+                f"{m['perf/tokens_per_s']:,.0f} ({an.p50_tokens_per_s(m):,.0f})", f"{m['gpu/util_mean_pct']:.0f}",
+                f"{m['mem/peak_reserved_gib']:.2f}"]
+    table = an.md_table(["machine", "Gemma-2-9B, 22 GiB, seq 1024", "captured", "tok/s non-pad (p50)", "GPU busy %",
+                         "peak resv GiB"],
+                        [row("this run", new, said["gemma_graphs_c375"])]
+                        + [row(w, r, f"{r.metrics['graphs/layers']} (the recomputed ones eager)") for w, r in before]
+                        + [row(w, r, "-") for w, r in unsloth])
+    tests = (d / "gpu_tests_c1.txt").read_text().strip().splitlines()[-1].strip("= ")
+    return "\n\n".join([
+        f"### Recomputed layers captured too: Gemma-2-9B's best layout with every layer in a graph (one {gpu}, "
+        "commit bd3db68)",
+        "`backend.cuda_graphs=true` now captures the recomputed (checkpointed) layers as well: a recomputed layer's "
+        "forward graph keeps no activations and its backward graph runs the forward again before the backward, as "
+        "activation checkpointing does eagerly; only offloaded layers are left to run from Python. Gemma-2-9B's "
+        "best layout with graphs (batch 4, 0.375 of the layers recomputed) had its recomputed layers launched "
+        "from Python between the captured ones. Measured on one machine alone; the same layout's earlier cells "
+        "(other machines, the recomputed layers eager) and Unsloth's best there beside it, **not** a ratio of one "
+        "run: this run's Unsloth cell was cut by the call's time limit and is left out.",
+        table,
+        f"The GPU tests ran first (gpu_tests_c1.txt: {tests}): with one of two layers recomputed, Llama and Gemma-2 "
+        "(flex attention), the captured layers give the eager step's losses and LoRA gradients within one bf16 "
+        "rounding of the norm.",
+        f"Run dir: [runs/{RECOMPUTE}](runs/{RECOMPUTE}) (`source docs/runs/scripts/device_setup.sh bd3db68 c0`, then "
+        "`LIMIT_S=270 bash docs/runs/scripts/2026-11-27_recompute.sh bd3db68 c1`; log_0.txt its output). Table: "
+        + cmd("recompute")])
+
+
 BESTS = "2026-11-27_bests"  # 2026-11-27_bests.sh 8fd5be1 c1, c2, c3: one 4 x H200 machine, consecutive calls
 BESTS_MODELS = {"llama": "llama-3.1-8b", "qwen": "qwen2.5-7b", "qwen3": "qwen3-8b", "gemma": "gemma-2-9b"}
 BESTS_OF = (("graphs", "fast, layers as CUDA graphs"), ("unsloth", "Unsloth's best"), ("hf", "hf's best"))
@@ -1976,9 +2023,17 @@ def glance() -> str:
                                        for f in (min, max)}))
     bw = {q: (bt[f"mistral_s{q}_graphs"], max((r for n, r in bt.items() if n.startswith(f"mistral_s{q}_unsloth")),
                                               key=lambda r: r.metrics["perf/tokens_per_s"])) for q in (512, 1024)}
+    rc = run_cell(RECOMPUTE, "gemma_graphs_c375").metrics["perf/tokens_per_s"]
+    rc_before = [r.metrics["perf/tokens_per_s"] for n, r in chain_run()[0] if r.ok and r.config["backend"].get(
+        "cuda_graphs") and r.config["model"]["name"] == "gemma-2-9b" and r.config["train"]["checkpoint_fraction"] == 0.375]
     return "\n".join([
+        f"- Newest, recomputed layers captured as CUDA graphs too (their backward graph runs the forward again): "
+        f"Gemma-2-9B's best layout with graphs, every layer now in a graph, {rc:,.0f} tok/s on one "
+        f"{(RUNS / RECOMPUTE / 'gpu_c1.csv').read_text().splitlines()[1].split(', ')[1]} alone, where the same layout with its recomputed layers eager gave "
+        f"{min(rc_before):,.0f}-{max(rc_before):,.0f} on other machines (not a ratio of one run; Unsloth's cell of "
+        "that run was cut by its time limit). docs/results.md's first section.",
         f"- Newest, each backend's best in one run per model, one model per GPU of a 4 x {bests_gpu()} machine "
-        "(docs/results.md's first section), within 22 GiB at seq 1024: fast with its decoder layers as CUDA graphs "
+        "(docs/results.md's second section), within 22 GiB at seq 1024: fast with its decoder layers as CUDA graphs "
         "over Unsloth's best, from round to round, " + "; ".join(f"{m} {bx(k, 'unsloth')}" for k, m in
                                                                 BESTS_MODELS.items())
         + " (issue 34 asks 1.15x); over hf's best " + "; ".join(f"{m} {bx(k, 'hf')}" for k, m in BESTS_MODELS.items())
@@ -1986,7 +2041,7 @@ def glance() -> str:
             f"{g.metrics['perf/tokens_per_s'] / u.metrics['perf/tokens_per_s']:.2f}x Unsloth's best at seq {q} "
             f"({g.metrics['perf/mfu_pct']:.1f}% MFU)" for q, (g, u) in bw.items()) + " (issue 35 asks 1.10x and 62%).",
         f"- Before that, issue 34's four models' best layouts within 22 GiB at seq 1024 with their decoder layers replayed "
-        f"as CUDA graphs (`backend.cuda_graphs=true`, a knob of `backend=fast`; docs/results.md's second section), on "
+        f"as CUDA graphs (`backend.cuda_graphs=true`, a knob of `backend=fast`; docs/results.md's third section), on "
         f"two machines of one {h100_gpu('a')} each, over Unsloth's best layout on the same machine: "
         + "; ".join(f"{m} " + "-".join(sorted({f"{f(chx[m, 'a'] + chx[m, 'b']):.3f}x" for f in (min, max)}))
                     for m in CHAIN_MODELS)
@@ -1998,7 +2053,7 @@ def glance() -> str:
         + " Unsloth's best layout measured on the same machine.",
         f"- Before that, fewer host launches per decoder layer in `backend=fast` (Triton's kernels launched past its "
         "per-call work, the adapters cast once a step, their gradients written in fp32 by their GEMMs; docs/results.md's "
-        f"fourth section): on one {h100_gpu('a')}, fast's best over Unsloth's best layout, three cells each: "
+        f"fifth section): on one {h100_gpu('a')}, fast's best over Unsloth's best layout, three cells each: "
         + ", ".join(f"{m} {min(v):.3f}x-{max(v):.3f}x" for m, v in qx.items())
         + "; the same cell's speed moves with the host from one process to the next (issue 34 asks 1.15x).",
         f"- Before that, where the time of fast's missed bests goes (one {h100_gpu('a')}, docs/results.md's host "
@@ -2107,12 +2162,12 @@ seq 2048), and Unsloth two batch sizes with every layer recomputed (its own defa
 those cells, not against their best: hf with fewer layers recomputed or a larger batch may be faster (at seq 512 its
 batch 16 also fits in 22 GiB, see "What fits" below), and so may Unsloth with fewer layers recomputed.
 
-## Newest: each backend's best in one run per model, fast's layers as CUDA graphs, the whole GPU with graphs (8fd5be1); issue 34's four models with their layers replayed as chained CUDA graphs (7e37edc, 1a5bb50, f39a56e); Qwen2.5-7B's best with its layers replayed as CUDA graphs (ae17285); fewer host launches per decoder layer, the missed bests on three machines (fb80e4e, f456dd2); the L4 source cell's memory and the source's recipe (a5f98af, 6240b39); where fast's host time goes on the missed bests, measured again (54da436, 818a2d8); the whole H100, the missed bests profiled side by side, the L4 cell alone and its memory (dfa9325, 44e073d); Gemma-2 with flex attention, Unsloth on packed rows, hf's bests profiled, the L4 check (7702139); what the searches still missed, the bests profiled (8867807); each backend searched per model on one 4 x H200 machine (669aa8c); the loss head, fast and Unsloth searched again (b93a4ae, 06130bd); hf, fast and Unsloth each searched (commit 6a9ca22); each model's searched best, Llama-3.3-70B (3bc030e), searched bests of Mistral-7B (c836200, 50f810d)"""
+## Newest: recomputed layers captured too (bd3db68); each backend's best in one run per model, fast's layers as CUDA graphs, the whole GPU with graphs (8fd5be1); issue 34's four models with their layers replayed as chained CUDA graphs (7e37edc, 1a5bb50, f39a56e); Qwen2.5-7B's best with its layers replayed as CUDA graphs (ae17285); fewer host launches per decoder layer, the missed bests on three machines (fb80e4e, f456dd2); the L4 source cell's memory and the source's recipe (a5f98af, 6240b39); where fast's host time goes on the missed bests, measured again (54da436, 818a2d8); the whole H100, the missed bests profiled side by side, the L4 cell alone and its memory (dfa9325, 44e073d); Gemma-2 with flex attention, Unsloth on packed rows, hf's bests profiled, the L4 check (7702139); what the searches still missed, the bests profiled (8867807); each backend searched per model on one 4 x H200 machine (669aa8c); the loss head, fast and Unsloth searched again (b93a4ae, 06130bd); hf, fast and Unsloth each searched (commit 6a9ca22); each model's searched best, Llama-3.3-70B (3bc030e), searched bests of Mistral-7B (c836200, 50f810d)"""
 CURRENT = """## hf, fast and Unsloth on the same rows (commit 22c8b76)
 
 Unsloth runs only on the fixed-length rows: its patched attention is not known to keep packed samples apart."""
 
-SECTIONS = {"bests": bests_section, "chain": chain_section, "graphs": graphs_section, "lean": lean_section, "l4mem": l4mem_section, "host": host_section, "h100": h100_section, "flex": flex_section, "gaps": gaps_section, "four": four_section, "head": head_section, "best3": best3_section, "model_search": model_search_section, "search512": lambda: search_section(512), "search1024": lambda: search_section(1024),
+SECTIONS = {"recompute": recompute_section, "bests": bests_section, "chain": chain_section, "graphs": graphs_section, "lean": lean_section, "l4mem": l4mem_section, "host": host_section, "h100": h100_section, "flex": flex_section, "gaps": gaps_section, "four": four_section, "head": head_section, "best3": best3_section, "model_search": model_search_section, "search512": lambda: search_section(512), "search1024": lambda: search_section(1024),
             "models": models_section, "moe": moe_section, "s512": lambda: budget_section(512), "s1024": lambda: budget_section(1024),
             "s2048": lambda: budget_section(2048), "whole": whole_section, "profile": profile_section,
             "loss": loss_section, "seed_grid": seed_grid_section, "packing": packing_section,
