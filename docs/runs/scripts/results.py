@@ -1527,8 +1527,9 @@ def bests_section() -> str:
     for q in (1024, 512):
         us = [n for n in by if n.startswith(f"mistral_s{q}_unsloth")]
         u = max(us, key=tok)
+        g = f"mistral_s{q}_graphs"
         whole.append([q, an.layout_name(by[f"mistral_s{q}_fast"]), f"{tok(f'mistral_s{q}_fast'):,.0f}",
-                      f"{tok(f'mistral_s{q}_graphs'):,.0f}", f"{by[f'mistral_s{q}_graphs'].metrics['perf/mfu_pct']:.1f}",
+                      f"{tok(g):,.0f}", f"{by[g].metrics['perf/mfu_pct']:.1f}",
                       ", ".join(f"{an.layout_name(by[n])} {tok(n):,.0f}" for n in us),
                       f"{tok(f'mistral_s{q}_graphs') / tok(f'mistral_s{q}_fast'):.3f}x",
                       f"{tok(f'mistral_s{q}_graphs') / tok(u):.3f}x"])
@@ -1540,11 +1541,11 @@ def bests_section() -> str:
     cores = sorted({(d / f"cores_{g}.txt").read_text().split("new affinity list: ")[1].strip() for g in range(4)})
     tests = {c: (d / f"gpu_tests_{c}.txt").read_text().strip().splitlines()[-1].strip("= ") for c in ("c1", "c3")}
     return "\n\n".join([
-        f"### Each backend's best in one run per model, fast with its layers as CUDA graphs; the whole GPU with graphs "
-        f"(4 x {gpu}, commit 8fd5be1)",
+        "### Each backend's best in one run per model, fast with its layers as CUDA graphs; the whole GPU with "
+        f"graphs (4 x {gpu}, commit 8fd5be1)",
         "One model per GPU of one machine of four GPUs, each GPU running its own list one process at a time, each "
-        "list pinned to its own quarter of the host's cores (" + ", ".join(cores) + "; all four GPUs on one NUMA node: "
-        "topo.txt). Within 22 GiB "
+        "list pinned to its own quarter of the host's cores (" + ", ".join(cores) + "; all four GPUs on one NUMA "
+        "node: topo.txt). Within 22 GiB "
         "(`gpu=a10`) at seq 1024, fixed-length rows, nf4, LoRA r16 on q/k/v/o with dropout 0.05, paged_adamw_8bit, "
         "random weights, 14 steps of which 4 untimed. Per model three cells: fast at its best layout with its decoder "
         "layers replayed as CUDA graphs (`backend.cuda_graphs=true`, whose layers' input gradients now alternate "
@@ -2024,12 +2025,14 @@ def glance() -> str:
     bw = {q: (bt[f"mistral_s{q}_graphs"], max((r for n, r in bt.items() if n.startswith(f"mistral_s{q}_unsloth")),
                                               key=lambda r: r.metrics["perf/tokens_per_s"])) for q in (512, 1024)}
     rc = run_cell(RECOMPUTE, "gemma_graphs_c375").metrics["perf/tokens_per_s"]
-    rc_before = [r.metrics["perf/tokens_per_s"] for n, r in chain_run()[0] if r.ok and r.config["backend"].get(
-        "cuda_graphs") and r.config["model"]["name"] == "gemma-2-9b" and r.config["train"]["checkpoint_fraction"] == 0.375]
+    rc_before = [r.metrics["perf/tokens_per_s"] for _, r in chain_run()[0] if r.ok and r.config["backend"].get(
+        "cuda_graphs") and r.config["model"]["name"] == "gemma-2-9b"
+        and r.config["train"]["checkpoint_fraction"] == 0.375]
+    rc_gpu = (RUNS / RECOMPUTE / "gpu_c1.csv").read_text().splitlines()[1].split(", ")[1]
     return "\n".join([
         f"- Newest, recomputed layers captured as CUDA graphs too (their backward graph runs the forward again): "
         f"Gemma-2-9B's best layout with graphs, every layer now in a graph, {rc:,.0f} tok/s on one "
-        f"{(RUNS / RECOMPUTE / 'gpu_c1.csv').read_text().splitlines()[1].split(', ')[1]} alone, where the same layout with its recomputed layers eager gave "
+        f"{rc_gpu} alone, where the same layout with its recomputed layers eager gave "
         f"{min(rc_before):,.0f}-{max(rc_before):,.0f} on other machines (not a ratio of one run; Unsloth's cell of "
         "that run was cut by its time limit). docs/results.md's first section.",
         f"- Newest, each backend's best in one run per model, one model per GPU of a 4 x {bests_gpu()} machine "
