@@ -34,6 +34,7 @@ def cells(d):
     return {int(p.name): json.loads((p / "metrics.json").read_text()) for p in d.iterdir() if p.name.isdigit()}
 
 
+@pytest.mark.slow  # a sweep of several processes (make test-slow; the report's parts: the tests below, test_plots)
 def test_a_sweep_report_its_wandb_runs_and_no_secret(sweep):
     """One test over the one sweep (a whole 4-cell multirun): the report files hold the cells' own
     numbers, one offline W&B run per cell holds its result, and no planted secret reaches a file."""

@@ -200,6 +200,7 @@ def test_a_backend_that_cannot_run_stops_its_search():
     assert len(calls) == 1 and out.best is None and "no cell" in out.why
 
 
+@pytest.mark.slow  # two sweeps of several processes (make test-slow; the search's choices: the tests above)
 def test_search_end_to_end_on_cpu(tmp_path):
     """`train.py +experiment=tune` with the tiny model on the CPU, a 2 x 2 space and its best measured again
     at LoRA dropout 0 (two cells), stopped by sweep.deadline_s after its first cell: search.json and the

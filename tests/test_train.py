@@ -79,6 +79,7 @@ def test_help_shows_examples_options_and_exit_codes():
     assert "backend=    fast, hf, liger, unsloth" in out and "base_" not in out  # options, not the schemas
 
 
+@pytest.mark.slow  # the card's four-cell sweep, a process per cell (make test-slow)
 def test_card_multirun_leaves_one_result_per_cell(tmp_path):
     # The card's command, verbatim, plus only what makes it quick.
     run_cli("train.py", ["-m", "seq_len=512,1024", "batch=4,8", *FAST, f"hydra.sweep.dir={tmp_path}"])
@@ -203,6 +204,7 @@ def test_a_cell_leaves_nothing_registered_for_the_next(tmp_path):
     assert manager.module_weight_config_triple == [] and manager.pid2config == {}
 
 
+@pytest.mark.slow  # two ShareGPT cells (make test-slow; packing itself: test_data)
 def test_packed_sharegpt_cell_counts_samples_not_rows(tmp_path):
     common = [*FAST, "data=sharegpt", "seq_len=256", "data.max_samples=200"]
     plain = run_in_process([*common, "data.packing=false"], tmp_path / "plain")
