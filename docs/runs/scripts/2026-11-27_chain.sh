@@ -13,8 +13,6 @@
 #     (Qwen2.5-7B and Gemma-2-9B, graphs and Unsloth), then a layout each with more layers or rows captured.
 #     c5 (a third machine, after the GPU test's Llama model was given SDPA attention, as the cells' models have):
 #     the GPU tests, then Llama-3.1-8B and Qwen3-8B (graphs, Unsloth) and Gemma-2's graphs cell again.
-#     c6 (a third machine, after the layers' input gradients alternate between two buffers instead of one each):
-#     the GPU tests, then the layouts that were out of memory with one gradient buffer per layer.
 set -u
 LIMIT_S=${LIMIT_S:-560}; source "$(dirname "$0")/device_setup.sh" "$@"  # wheels, environment, t0
 source "$(dirname "$0")/gpu_lists.sh" "$@"  # /tmp/runs, the clocks, left, sweep, pack_call
@@ -55,10 +53,5 @@ c5)
   sweep 0 qwen3_graphs_b4_c25_$2 $q3 $graphs batch=4 $ckpt=0.25
   sweep 0 qwen3_unsloth_$2 $q3 backend=unsloth batch=24 $ckpt=1 backend.unsloth_offload=true
   sweep 0 gemma_graphs_b4_c375_$2 $g $graphs batch=4 $ckpt=0.375 ;;
-c6)
-  timeout 120 python3 -m pytest -q -m gpu tests/test_graphs.py > $R/gpu_tests_$2.txt 2>&1; tail -3 $R/gpu_tests_$2.txt
-  sweep 0 qwen_graphs_b4_$2 $q $graphs batch=4 $ckpt=0
-  sweep 0 gemma_graphs_b4_c25_$2 $g $graphs batch=4 $ckpt=0.25
-  sweep 0 qwen_graphs_b5_$2 $q $graphs batch=5 $ckpt=0 ;;
 esac
 pack_call $2
