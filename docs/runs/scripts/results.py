@@ -2020,8 +2020,8 @@ def glance() -> str:
     chx = chain_ratios(chain_run()[0])
     bc = bests_run()[0]
     br, bt = bests_rounds(bc), {n: r for _, n, r in bc}
-    bx = lambda m, b: "-".join(sorted({f"{f(k['graphs'] / k[b] for k in br[m] if b in k):.3f}x"  # noqa: E731
-                                       for f in (min, max)}))
+    bx = lambda m, b, n=3: "-".join(sorted({f"{f(k['graphs'] / k[b] for k in br[m] if b in k):.{n}f}x"  # noqa: E731
+                                            for f in (min, max)}))
     bw = {q: (bt[f"mistral_s{q}_graphs"], max((r for n, r in bt.items() if n.startswith(f"mistral_s{q}_unsloth")),
                                               key=lambda r: r.metrics["perf/tokens_per_s"])) for q in (512, 1024)}
     rc = run_cell(RECOMPUTE, "gemma_graphs_c375").metrics["perf/tokens_per_s"]
@@ -2035,11 +2035,12 @@ def glance() -> str:
         f"{rc_gpu} alone, where the same layout with its recomputed layers eager gave "
         f"{min(rc_before):,.0f}-{max(rc_before):,.0f} on other machines (not a ratio of one run; Unsloth's cell of "
         "that run was cut by its time limit). docs/results.md's first section.",
-        f"- Newest, each backend's best in one run per model, one model per GPU of a 4 x {bests_gpu()} machine "
+        f"- Before that, each backend's best in one run per model, one model per GPU of a 4 x {bests_gpu()} machine "
         "(docs/results.md's second section), within 22 GiB at seq 1024: fast with its decoder layers as CUDA graphs "
         "over Unsloth's best, from round to round, " + "; ".join(f"{m} {bx(k, 'unsloth')}" for k, m in
                                                                 BESTS_MODELS.items())
-        + " (issue 34 asks 1.15x); over hf's best " + "; ".join(f"{m} {bx(k, 'hf')}" for k, m in BESTS_MODELS.items())
+        + " (issue 34 asks 1.15x); over hf's best " + "; ".join(f"{m} {bx(k, 'hf', 2)}"
+                                                               for k, m in BESTS_MODELS.items())
         + ". Mistral-7B on the whole GPU with graphs: " + ", ".join(
             f"{g.metrics['perf/tokens_per_s'] / u.metrics['perf/tokens_per_s']:.2f}x Unsloth's best at seq {q} "
             f"({g.metrics['perf/mfu_pct']:.1f}% MFU)" for q, (g, u) in bw.items()) + " (issue 35 asks 1.10x and 62%).",
