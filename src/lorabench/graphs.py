@@ -242,12 +242,13 @@ def capture(model, inputs: dict, layers, keep: list[bool], dtype: torch.dtype, a
     samples = [(seen[i][0].detach().requires_grad_(), statics.static(seen[i][1]["position_embeddings"]))
                for i in chosen]
     del seen  # the other layers' hidden states
+    recomputed = [again[i] for i in chosen]
     with torch.autocast(device.type, dtype=dtype, cache_enabled=False):
-        _warm_up(calls, samples)
+        _warm_up(calls, samples, recomputed)
         torch.cuda.empty_cache()  # the warmup's blocks, cached for its side stream, back to the device
         reserved, allocated = torch.cuda.memory_reserved(device), torch.cuda.memory_allocated(device)
         slots = _capture_chain(calls, samples, [b - a == 1 for a, b in zip(chosen, chosen[1:])], accumulate,
-                               [again[i] for i in chosen])
+                               recomputed)
     graphs.pool_bytes = torch.cuda.memory_reserved(device) - reserved
     graphs.unowned_bytes = graphs.pool_bytes - (torch.cuda.memory_allocated(device) - allocated)
     for i, call, slot, (_, pe) in zip(chosen, calls, slots, samples):
@@ -261,16 +262,18 @@ def capture(model, inputs: dict, layers, keep: list[bool], dtype: torch.dtype, a
     return graphs
 
 
-def _warm_up(calls, samples) -> None:
+def _warm_up(calls, samples, again: list[bool]) -> None:
     """Each layer's forward and backward run eagerly on a side stream first (as make_graphed_callables): lazy
-    initialisation (cuBLAS workspaces, Triton's and flex attention's compilations) kept out of the captures."""
+    initialisation (cuBLAS workspaces, Triton's and flex attention's compilations) kept out of the captures;
+    again: the recomputed layers, whose forward graph runs without gradients (warmed up so too)."""
     torch.cuda.synchronize()
     with torch.cuda.stream(torch.cuda.Stream()):
-        for call, (x, pe) in zip(calls, samples):
+        for call, (x, pe), recomputed in zip(calls, samples, again):
             params = tuple(p for p in call.parameters() if p.requires_grad)
             for _ in range(WARMUP):
-                with torch.no_grad():  # a recomputed layer's forward graph (the others': no harm)
-                    call(x, *pe)
+                if recomputed:
+                    with torch.no_grad():
+                        call(x, *pe)
                 out = call(x, *pe)
                 torch.autograd.grad(out, (x, *params), torch.empty_like(out), allow_unused=True)
             del out
