@@ -35,6 +35,11 @@ def cmd(name: str) -> str:
     return f"`python docs/runs/scripts/results.py {name}`"
 
 
+def csv_gpu(path: Path) -> str:
+    """The first GPU's name in a run's clocks file (gpu_lists.sh: nvidia-smi's csv of index, name, ...)."""
+    return path.read_text().splitlines()[1].split(", ")[1]
+
+
 def out(name: str) -> Path:
     """The folder of one section's plots (lorabench.plots writes into an existing folder)."""
     (IMG / name).mkdir(parents=True, exist_ok=True)
@@ -1118,7 +1123,7 @@ H100_PAIRS = {"gemma-2-9b, 22 GiB, seq 1024": "gemma2", "qwen2.5-7b, 22 GiB, seq
 
 
 def h100_gpu(machine: str) -> str:
-    return (RUNS / H100 / f"gpu_{machine}_c1.csv").read_text().splitlines()[1].split(", ")[1]
+    return csv_gpu(RUNS / H100 / f"gpu_{machine}_c1.csv")
 
 
 def h100_pairs() -> dict:
@@ -1342,7 +1347,7 @@ def host_launches() -> str:
 def host_section() -> str:
     """Where fast's host time goes on issue 34's two missed bests (py-spy, launch costs, a profiled step), the
     watchdog's share removed and measured, and the bests measured again in one run."""
-    gpu = (RUNS / HOST / "gpu_guard_c1.csv").read_text().splitlines()[1].split(", ")[1]
+    gpu = csv_gpu(RUNS / HOST / "gpu_guard_c1.csv")
     rows = []
     for model, key in HOST_MODELS.items():
         tiny, b4, sh = host_cell(f"{key}_tiny_t").metrics, host_cell(f"{key}_b4").metrics, spy_shares(f"{key}_tiny_t")
@@ -1422,7 +1427,7 @@ RECOMPUTE = "2026-11-27_recompute"  # 2026-11-27_recompute.sh bd3db68 c1: one H1
 def recompute_section() -> str:
     """Recomputed layers captured too: Gemma-2-9B's best layout with every layer in a graph, on one H100."""
     d = RUNS / RECOMPUTE
-    gpu = (d / "gpu_c1.csv").read_text().splitlines()[1].split(", ")[1]
+    gpu = csv_gpu(d / "gpu_c1.csv")
     said = {n: w.split(" (forward")[0] + " (" + w.split(" (forward and backward; ")[1].split(")")[0] + ")"
             for n, w in log_cells(d / "log_0.txt") if w is not None}
     new = run_cell(RECOMPUTE, "gemma_graphs_c375")
@@ -1469,7 +1474,7 @@ BESTS_OF = (("graphs", "fast, layers as CUDA graphs"), ("unsloth", "Unsloth's be
 
 
 def bests_gpu() -> str:
-    return (RUNS / BESTS / "gpu_c1.csv").read_text().splitlines()[1].split(", ")[1]
+    return csv_gpu(RUNS / BESTS / "gpu_c1.csv")
 
 
 def bests_run() -> tuple[list[tuple[str, str, object]], dict[str, str]]:
@@ -1625,7 +1630,7 @@ def chain_section() -> str:
     """Issue 34's four models with their layers replayed as chained CUDA graphs, against Unsloth's best layout on
     the same machine, on two machines."""
     d = RUNS / CHAIN
-    gpu = (d / "gpu_a_c1.csv").read_text().splitlines()[1].split(", ")[1]
+    gpu = csv_gpu(d / "gpu_a_c1.csv")
     cells, said = chain_run()
     graphed = lambda r: r.config["backend"].get("cuda_graphs", False)  # noqa: E731
 
@@ -1712,7 +1717,7 @@ def graphs_section() -> str:
     """Issue 34's Qwen2.5-7B best with its decoder layers replayed as CUDA graphs (backend.cuda_graphs), against
     the same layout without and Unsloth's best layout on the same machine."""
     d = RUNS / GRAPHS
-    gpu = (d / "gpu_c2.csv").read_text().splitlines()[1].split(", ")[1]
+    gpu = csv_gpu(d / "gpu_c2.csv")
     names = ("qwen_unsloth", "qwen_fast_c1", "qwen_graphs_1_c1", "qwen_graphs_2_c1", "qwen_fast_c2",
              "qwen_graphs_1_c2", "qwen_graphs_2_c2")
     cells = {n: run_cell(GRAPHS, n) for n in names}
@@ -1806,7 +1811,7 @@ def lean_section() -> str:
     gradients written in fp32 by their GEMMs, Liger's RMSNorm of a frozen weight launched by lorabench), their
     launch costs on three hosts, this code against the previous one on one machine, and the bests against
     Unsloth's best layouts on each machine."""
-    gpu = (RUNS / LEAN / "gpu_c1.csv").read_text().splitlines()[1].split(", ")[1]
+    gpu = csv_gpu(RUNS / LEAN / "gpu_c1.csv")
     costs = {mch: lean_costs(call) for mch, (call, _) in LEAN_RUNS.items()}
     rows = [[op, launch] + [f"{costs[mch][k]:.1f}" if k in costs[mch] else "-" for mch in LEAN_RUNS]
             for op, lean in LEAN_OPS.items() for launch, k in (("as before", op), ("this commit's", lean))]
@@ -1894,7 +1899,7 @@ def l4mem_section() -> str:
     """Issue 39's L4 memory check: what the source cell's peak holds (traced again, with sizes and stacks), the
     source's reentrant checkpointing beside lorabench's, and the cell after docs/runs/trl_l4's amendment."""
     d = RUNS / L4MEM
-    gpu = (d / "gpu_c2.csv").read_text().splitlines()[1].split(", ")[1]
+    gpu = csv_gpu(d / "gpu_c2.csv")
     peak = (d / "mem_trl_l4" / "peak.md").read_text().split("\n\n")
     table, at = peak[2], peak[4].splitlines()[0].strip()
     cells = {n: load_cells(d / n)[0] for n in ("trl_l4_plain", "trl_l4_reentrant", "trl_l4")}
@@ -2017,7 +2022,8 @@ def glance() -> str:
         "perf/tokens_per_s"] for n in lean_fast_cells(m, "c")] for m in LEAN_MODELS}
     gd = {n: load_cells(RUNS / GRAPHS / n)[0].metrics["perf/tokens_per_s"] for n in
           ("qwen_unsloth", "qwen_graphs_1_c2", "qwen_graphs_2_c2")}
-    chx = chain_ratios(chain_run()[0])
+    chain = chain_run()[0]  # read once: the chain line and the recompute line compare with it
+    chx = chain_ratios(chain)
     bc = bests_run()[0]
     br, bt = bests_rounds(bc), {n: r for _, n, r in bc}
     bx = lambda m, b, n=3: "-".join(sorted({f"{f(k['graphs'] / k[b] for k in br[m] if b in k):.{n}f}x"  # noqa: E731
@@ -2025,10 +2031,10 @@ def glance() -> str:
     bw = {q: (bt[f"mistral_s{q}_graphs"], max((r for n, r in bt.items() if n.startswith(f"mistral_s{q}_unsloth")),
                                               key=lambda r: r.metrics["perf/tokens_per_s"])) for q in (512, 1024)}
     rc = run_cell(RECOMPUTE, "gemma_graphs_c375").metrics["perf/tokens_per_s"]
-    rc_before = [r.metrics["perf/tokens_per_s"] for _, r in chain_run()[0] if r.ok and r.config["backend"].get(
+    rc_before = [r.metrics["perf/tokens_per_s"] for _, r in chain if r.ok and r.config["backend"].get(
         "cuda_graphs") and r.config["model"]["name"] == "gemma-2-9b"
         and r.config["train"]["checkpoint_fraction"] == 0.375]
-    rc_gpu = (RUNS / RECOMPUTE / "gpu_c1.csv").read_text().splitlines()[1].split(", ")[1]
+    rc_gpu = csv_gpu(RUNS / RECOMPUTE / "gpu_c1.csv")
     return "\n".join([
         f"- Newest, recomputed layers captured as CUDA graphs too (their backward graph runs the forward again): "
         f"Gemma-2-9B's best layout with graphs, every layer now in a graph, {rc:,.0f} tok/s on one "
