@@ -149,16 +149,19 @@ def test_a_cell_with_lean_step_and_fused_mlp_trains_as_without_them(tmp_path, fl
 @requires_cuda
 @pytest.mark.parametrize("nested", [False, True])
 def test_triton_dequant_is_bitsandbytes_bit_for_bit_on_gpu(nested):
-    """Mistral's shapes (and an odd one), with and without double quantisation: the same bf16 bits, the
-    double quantisation undone inside the kernel (nothing kept) and from kept fp32 scales."""
+    """Mistral's and Qwen2.5's shapes (a program of 1,024 packed bytes up to 16M weights, of 4,096 above), an odd
+    one, one whose last quantisation block is cut short, and 128-weight blocks, with and without double
+    quantisation: the same bf16 bits, the double quantisation undone inside the kernel (nothing kept) and from kept
+    fp32 scales."""
     import bitsandbytes.functional as bnbf
 
     from lorabench import nf4_kernels
 
     torch.manual_seed(0)
-    for shape in [(4096, 4096), (1024, 4096), (14336, 4096), (4096, 14336), (96, 200)]:
+    for shape, blocksize in [((4096, 4096), 64), ((1024, 4096), 64), ((14336, 4096), 64), ((4096, 14336), 64),
+                             ((3584, 18944), 64), ((96, 200), 64), ((100, 30), 64), ((512, 3584), 128)]:
         w = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
-        q, state = bnbf.quantize_4bit(w, blocksize=64, quant_type="nf4", compress_statistics=nested)
+        q, state = bnbf.quantize_4bit(w, blocksize=blocksize, quant_type="nf4", compress_statistics=nested)
         assert nf4_kernels.runs(q, state)
         reference = bnbf.dequantize_4bit(q, state)
         assert torch.equal(nf4_kernels.dequantize(q, state), reference), shape

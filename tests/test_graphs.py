@@ -117,6 +117,39 @@ def test_each_adapted_projection_gets_its_dropout_seed_in_device_memory():
     assert fused._is_seed(slots[0]) and not fused._is_seed(torch.ones(3, dtype=torch.bool))
 
 
+@pytest.mark.parametrize("model_type", ["llama", "gemma2"])
+def test_the_probe_records_each_layer_s_call_and_stops_before_the_head(model_type):
+    """The capture's probe: every layer's keyword arguments as the model passes them (Gemma-2's masks differ from
+    one layer to the next), one hidden-states tensor for all of them (the first layer's input: a sample), and no
+    logits: the final norm and the head never run (at batch 32 x 1,024 tokens, Qwen2.5's head would allocate
+    18.6 GiB of fp32 logits)."""
+    from transformers import AutoModelForCausalLM
+
+    from test_fast_arch import SEQ, arch_config
+
+    config = arch_config(model_type)
+    config.num_hidden_layers = 3
+    config.layer_types = (["sliding_attention", "full_attention"] * 2)[:3] if model_type == "gemma2" else None
+    model = AutoModelForCausalLM.from_config(config).eval()
+    layers = list(model.model.layers)
+    headed = []
+    model.lm_head.register_forward_hook(lambda *a: headed.append(1))
+    model.model.norm.register_forward_hook(lambda *a: headed.append(1))
+    ids = torch.randint(0, config.vocab_size, (2, SEQ))
+    with torch.no_grad():
+        embedded = model.model.embed_tokens(ids)
+    seen = graphs._probe(model, {"input_ids": ids}, layers)
+    assert not headed and all(s is not None for s in seen)
+    assert all(s[0] is seen[0][0] for s in seen)
+    assert torch.equal(seen[0][0], embedded)  # the first layer's input (Gemma's embedding scales its own)
+    assert all("position_embeddings" in s[1] for s in seen)
+    if model_type == "gemma2":  # each layer its mask (sliding, full, sliding), kept as the model passed it
+        masks = [s[1]["attention_mask"] for s in seen]
+        assert masks[0] is not None and torch.equal(masks[0], masks[2])
+        assert masks[1] is None or not torch.equal(masks[0], masks[1])  # full attention: causal, no window
+    assert not any(layer._forward_pre_hooks for layer in layers)  # the probe's hooks removed
+
+
 @pytest.mark.gpu
 @requires_cuda
 def test_a_fast_cell_trains_with_its_layers_captured_as_without_on_gpu(tmp_path, monkeypatch):

@@ -5,7 +5,8 @@ dX = dY W (the bf16 copy is a temporary). That is 7.0e9 weights x 2 x 2.5 bytes 
 = 35 GB a step for Mistral-7B: 7.3 ms at the H200's 4.8 TB/s. bitsandbytes' kernel
 (kDequantizeBlockwise) took 21 ms of a 1,239 ms step in the H200 profile (b48, seq 512), ~1.7 TB/s.
 
-Here one program reads 2,048 packed bytes (4,096 weights in 64 quantisation blocks): each byte holds
+Here one program reads whole quantisation blocks (1,024 or 4,096 packed bytes: `_bytes`), as rows of 32
+bytes (64 weights) with one scale each, loaded once per block rather than once per weight: each byte holds
 two codes, high nibble first; a weight is NF4[code] x absmax[its block], multiplied in fp32 and
 rounded once to bf16, as bitsandbytes does. The double-quantised absmax (8-bit codes, an fp32 scale
 per 256 blocks and an offset) is undone inside the same kernel, in bitsandbytes' order and rounding:
@@ -22,34 +23,40 @@ import torch
 import triton
 import triton.language as tl
 
-BYTES = 2048  # packed bytes per program: 4,096 weights
+
+def _bytes(n_bytes: int) -> int:
+    """Packed bytes per program: 1,024 for a weight of up to 16M (Qwen2.5-7B's 3,584 x 3,584 q: 1.7x faster than
+    2,048 on an H200), 4,096 above (its 18,944 x 3,584 gate: 1.15x); docs/runs/2026-11-27_searched/dequant_c1.md."""
+    return 1024 if n_bytes <= 2**23 else 4096
 
 
 @triton.jit
 def _nf4_kernel(q_ptr, absmax_ptr, table_ptr, out_ptr, n_bytes, code2_ptr, absmax2_ptr, offset_ptr,
                 BLOCKSIZE: tl.constexpr, BLOCKSIZE2: tl.constexpr, NESTED: tl.constexpr, BYTES: tl.constexpr):
+    HALF: tl.constexpr = BLOCKSIZE // 2  # packed bytes per quantisation block
+    NB: tl.constexpr = BYTES // HALF  # blocks per program: [NB x HALF] bytes, one scale per row
     pid = tl.program_id(0).to(tl.int64)
-    offs = pid * BYTES + tl.arange(0, BYTES)
-    inside = offs < n_bytes
-    q = tl.load(q_ptr + offs, mask=inside, other=0).to(tl.int32)
-    block = (2 * offs) // BLOCKSIZE  # both weights of a byte share a block
+    block = pid * NB + tl.arange(0, NB)
+    offs = block[:, None] * HALF + tl.arange(0, HALF)[None, :]
+    q = tl.load(q_ptr + offs, mask=offs < n_bytes, other=0).to(tl.int32)
+    some = block * HALF < n_bytes
     if NESTED:  # absmax = code2[8-bit code] x absmax2[block // 256] + offset, two roundings as bitsandbytes'
-        code = tl.load(absmax_ptr + block, mask=inside, other=0).to(tl.int32)
-        scale = tl.load(code2_ptr + code) * tl.load(absmax2_ptr + block // BLOCKSIZE2, mask=inside, other=0.0)
+        code = tl.load(absmax_ptr + block, mask=some, other=0).to(tl.int32)
+        scale = tl.load(code2_ptr + code) * tl.load(absmax2_ptr + block // BLOCKSIZE2, mask=some, other=0.0)
         scale = scale + tl.load(offset_ptr)
     else:
-        scale = tl.load(absmax_ptr + block, mask=inside, other=0.0)
-    hi = tl.load(table_ptr + (q >> 4)) * scale
-    lo = tl.load(table_ptr + (q & 15)) * scale
+        scale = tl.load(absmax_ptr + block, mask=some, other=0.0)
+    hi = tl.load(table_ptr + (q >> 4)) * scale[:, None]
+    lo = tl.load(table_ptr + (q & 15)) * scale[:, None]
     out = tl.interleave(hi, lo).to(out_ptr.dtype.element_ty)  # weight 2i is byte i's high nibble
-    out_offs = 2 * pid * BYTES + tl.arange(0, 2 * BYTES)
+    out_offs = block[:, None] * BLOCKSIZE + tl.arange(0, BLOCKSIZE)[None, :]
     tl.store(out_ptr + out_offs, out, mask=out_offs < 2 * n_bytes)
 
 
 def runs(weight: torch.Tensor, state) -> bool:
     """Whether this kernel dequantises `weight` (nf4 on CUDA, an even number of weights); else bitsandbytes does."""
     return weight.is_cuda and state.quant_type == "nf4" and state.shape.numel() % 2 == 0 \
-        and state.blocksize % 2 == 0
+        and state.blocksize >= 2 and state.blocksize & (state.blocksize - 1) == 0
 
 
 def _absmax(state, keep: bool) -> torch.Tensor:
@@ -85,7 +92,8 @@ def dequantize(weight: torch.Tensor, state, keep_absmax: bool = False) -> torch.
     out = torch.empty(state.shape, dtype=state.dtype, device=weight.device)
     n_bytes = state.shape.numel() // 2
     table = state.code.to(device=weight.device, dtype=torch.float32)
-    _nf4_kernel[(triton.cdiv(n_bytes, BYTES),)](
+    per = max(_bytes(n_bytes), state.blocksize // 2)
+    _nf4_kernel[(triton.cdiv(n_bytes, per),)](
         weight.reshape(-1), absmax, table, out, n_bytes, *nest, BLOCKSIZE=state.blocksize, BLOCKSIZE2=blocksize2,
-        NESTED=blocksize2 > 1, BYTES=BYTES, enable_fp_fusion=False)
+        NESTED=blocksize2 > 1, BYTES=per, enable_fp_fusion=False)
     return out

@@ -10,6 +10,12 @@
 #   GPU 2 the GPU tests of the graphs and of the nf4 kernel, then the search of fast with graphs on Mistral-7B
 #         (`+experiment=tune backend=fast backend.cuda_graphs=true`, 10 cells);
 #   GPU 3 the same search on Qwen2.5-7B.
+# c2 (the nf4 kernel reading whole quantisation blocks, the capture's probe stopped before the head): GPU 0 the
+#   layer's GEMMs each way (gemm_variants.py), the nf4 kernel's variants again, then three rounds of Qwen2.5-7B
+#   graphs b4 and Unsloth's best; GPU 1 a round of Gemma-2-9B's and graphs b6 half recomputed; GPU 2 the search of
+#   fast with graphs on Qwen2.5-7B again (its large batches no longer spend 18.6 GiB on the probe's logits), then on
+#   Mistral-7B at seq 512; GPU 3 the GPU tests of the graphs, the nf4 kernel and the fused LoRA, then the search on
+#   Mistral-7B at seq 2048.
 #   source docs/runs/scripts/device_setup.sh <commit> c0      (carry .whl: installs it)
 #   LIMIT_S=560 bash docs/runs/scripts/2026-11-27_searched.sh <commit> c1|c2|c3   (carry .whl_unsloth)
 # Every call runs each list from the top, passing over what an earlier call finished (sweep, gpu_lists.sh); a round's
@@ -54,7 +60,26 @@ mistral_search() {
       > $R/gpu_tests_$call.txt 2>&1; tail -1 $R/gpu_tests_$call.txt; fi
   sweep 2 mistral_tune_$call $tune_cells $graphs gpu=a10 seq_len=1024; }
 qwen_search() { sweep 3 qwen_tune_$call $tune_cells $graphs gpu=a10 seq_len=1024 model=qwen2.5-7b; }
-(pinned 0 qwen) & (pinned 1 gemma) & (pinned 2 mistral_search) & (pinned 3 qwen_search) & wait
+if [ $call = c1 ]; then
+  (pinned 0 qwen) & (pinned 1 gemma) & (pinned 2 mistral_search) & (pinned 3 qwen_search) & wait
+else  # c2 on: the nf4 kernel by block and the probe without logits (commit in the call's command)
+  q2() { [ -f $R/gemm_$call.md ] || CUDA_VISIBLE_DEVICES=0 timeout 150 python3 docs/runs/scripts/gemm_variants.py \
+      > $R/gemm_$call.md 2>&1
+    [ -f $R/dequant_$call.md ] || CUDA_VISIBLE_DEVICES=0 timeout 120 python3 docs/runs/scripts/dequant_variants.py \
+      > $R/dequant_$call.md 2>&1
+    rounds 0 qwen qwen2.5-7b 3 "graphs: $graphs batch=4 train.gradient_checkpointing=false | \
+      unsloth: backend=unsloth batch=4 train.gradient_checkpointing=false"; }
+  g2() { rounds 1 gemma gemma-2-9b 1 "graphs: $graphs batch=4 $ckpt=0.375 | \
+      unsloth: backend=unsloth batch=8 $ckpt=1 backend.unsloth_offload=false" || return
+    sweep 1 gemma_b6_$call $cell model=gemma-2-9b $graphs batch=6 $ckpt=0.5; }
+  s2() { sweep 2 qwen_tune_$call $tune_cells $graphs gpu=a10 seq_len=1024 model=qwen2.5-7b || return
+    sweep 2 mistral_s512_tune_$call $tune_cells $graphs gpu=a10 seq_len=512; }
+  s3() { CUDA_VISIBLE_DEVICES=3 timeout 200 python3 -m pytest -q -m gpu tests/test_graphs.py tests/test_fast_parts.py \
+      tests/test_fused.py > $R/gpu_tests_$call.txt 2>&1; tail -1 $R/gpu_tests_$call.txt
+    sweep 3 mistral_s2048_tune_$call $tune_cells $graphs gpu=a10 seq_len=2048; }
+  (pinned 0 q2) & (pinned 1 g2) & (pinned 2 s2) & (pinned 3 s3) & wait
+  cat $R/gemm_$call.md 2>/dev/null
+fi
 cat $R/dequant_$call.md 2>/dev/null | head -60
-for g in 0 1 2 3; do grep -h "^gpu $g .*exit" $R/log_$g.txt | tail -4; done
+for g in 0 1 2 3; do grep -h "^gpu $g .*exit" $R/log_$g.txt | tail -6; done
 pack_call $2
