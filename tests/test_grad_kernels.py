@@ -9,6 +9,18 @@ from lorabench import fused
 from test_backends import assert_grads_close, lora_grads
 
 
+@pytest.mark.gpu
+def test_the_triton_gemm_runs_only_where_its_tiles_fill_the_gpu_with_waves():
+    """128 x 256 tiles over an H200's 132 SMs: Qwen2.5-7B's 3,584 features at 4,096 tokens are 448 tiles (3.4
+    waves: cuBLAS), at 24,576 tokens 2,688 (20 waves: Triton); 8 waves are 1,056 tiles. (Triton, where the GPU
+    tests run, is imported by the module; the rule itself needs no GPU.)"""
+    pytest.importorskip("triton")
+    from lorabench import grad_kernels
+
+    assert not grad_kernels.fills(4096, 3584, 132) and grad_kernels.fills(24576, 3584, 132)
+    assert grad_kernels.fills(128 * 66, 256 * 16, 132) and not grad_kernels.fills(128 * 66 - 128, 256 * 16, 132)
+
+
 def test_input_grad_falls_back_to_cublas_on_cpu():
     """On the CPU the grouped backward sums its GEMMs as before, the adapters' G A term included (and
     without Triton installed: lorabench.grad_kernels is imported on CUDA only)."""
@@ -77,6 +89,7 @@ def test_fast_with_triton_input_grad_and_swiglu_in_gemm_matches_without_on_gpu(m
     from lorabench import grad_kernels
 
     cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(grad_kernels, "MIN_WAVES", 0)  # the tiny model's 256 tokens: far below 8 waves
     opt = ["backend=fast", "precision=nf4", "optimizer=adamw_torch", "lora.dropout=0"]
     loss_ref, g_ref, _ = lora_grads([*opt, "backend.triton_input_grad=false", "backend.swiglu_in_gemm=false"], cuda)
     calls = spy(monkeypatch, grad_kernels, "input_grad")

@@ -585,7 +585,8 @@ class BackendConfig:
     fused_add_norm: bool = False
     # In lorabench.fused's backward on CUDA (with fused_lora), the attention's input gradients (q, k, v's
     # sum_i dY_i W_i and their adapters' G A; o's) as one Triton GEMM each (lorabench.grad_kernels): dX
-    # written once, never re-read. The MLP's stay cuBLAS's (faster there).
+    # written once, never re-read, where its output fills the GPU with 8 waves of tiles (else cuBLAS's, faster at
+    # 4,096 tokens: grad_kernels.fills). The MLP's stay cuBLAS's (faster there).
     triton_input_grad: bool = False
     # With fused_mlp and Liger's SwiGLU (swiglu in liger), on CUDA, where down has no adapter: SwiGLU's
     # backward in the epilogue of the down projection's input-gradient GEMM (lorabench.grad_kernels):

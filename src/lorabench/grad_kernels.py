@@ -21,12 +21,16 @@ arithmetic (dH rounded to bf16 first, as cuBLAS would have stored it): dH never 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 BM, BK, STAGES, WARPS, GROUP = 128, 64, 4, 8, 8
 MAX_PAIRS = 4
+# The fewest waves of output tiles (per SM of the GPU) for which this kernel runs; below, cuBLAS does (`fills`).
+MIN_WAVES = 8
 
 
 def _bn(n: int) -> int:
@@ -82,10 +86,27 @@ def _tma_ok(t: torch.Tensor) -> bool:
             and (t.stride(0) * 2) % 16 == 0 and t.data_ptr() % 16 == 0)
 
 
+@functools.lru_cache
+def _sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def fills(m: int, n: int, sms: int) -> bool:
+    """Whether an [m x n] output gives this kernel at least MIN_WAVES waves of its tiles over `sms` SMs. With
+    fewer, the last wave's idle SMs weigh, and cuBLAS's kernels were faster: on an H200 at 4,096 tokens
+    (docs/runs/2026-11-27_searched/gemm_c2.md; 3.4 waves of 128 x 256 tiles for Qwen2.5-7B's 3,584 features,
+    3.9 for Llama-3.1-8B's 4,096) cuBLAS took 0.65-0.88x this kernel's time for q/k/v's and o's input gradients
+    (Qwen2.5-7B's step 5.5 ms shorter); at 24,576 tokens x 4,096 (23 waves) this kernel ran at 783-792 TFLOP/s
+    and cuBLAS at 705 (the module's docstring). Between 4 and 23 waves the switch at 8 is not measured."""
+    return triton.cdiv(m, BM) * triton.cdiv(n, _bn(n)) >= MIN_WAVES * sms
+
+
 def runs(pairs, swiglu=None) -> bool:
-    """Whether input_grad takes these operands: bf16 on CUDA in TMA's layout, at most MAX_PAIRS pairs."""
+    """Whether input_grad takes these operands: bf16 on CUDA in TMA's layout, at most MAX_PAIRS pairs, an output
+    that fills the GPU with enough waves of tiles (`fills`)."""
     tensors = [t for pair in pairs for t in pair] + list(swiglu or ())
-    return 0 < len(pairs) <= MAX_PAIRS and all(_tma_ok(t) for t in tensors)
+    return 0 < len(pairs) <= MAX_PAIRS and all(_tma_ok(t) for t in tensors) \
+        and fills(pairs[0][0].shape[0], pairs[0][1].shape[1], _sms(pairs[0][0].device))
 
 
 def input_grad(pairs, swiglu=None):

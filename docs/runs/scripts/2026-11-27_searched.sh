@@ -16,6 +16,9 @@
 #   fast with graphs on Qwen2.5-7B again (its large batches no longer spend 18.6 GiB on the probe's logits), then on
 #   Mistral-7B at seq 512; GPU 3 the GPU tests of the graphs, the nf4 kernel and the fused LoRA, then the search on
 #   Mistral-7B at seq 2048.
+# c3 (the attention's input gradients by cuBLAS where Triton's tiles fill fewer than 8 waves: 4,096 tokens): GPU 0
+#   three rounds of Qwen2.5-7B graphs b4 and Unsloth's best; GPU 1 a round of Gemma-2-9B's, GPU 2 of Llama-3.1-8B's;
+#   GPU 3 the GPU tests of the input-gradient kernel, the graphs and the fused LoRA, then a round of Qwen3-8B's.
 #   source docs/runs/scripts/device_setup.sh <commit> c0      (carry .whl: installs it)
 #   LIMIT_S=560 bash docs/runs/scripts/2026-11-27_searched.sh <commit> c1|c2|c3   (carry .whl_unsloth)
 # Every call runs each list from the top, passing over what an earlier call finished (sweep, gpu_lists.sh); a round's
@@ -60,7 +63,19 @@ mistral_search() {
       > $R/gpu_tests_$call.txt 2>&1; tail -1 $R/gpu_tests_$call.txt; fi
   sweep 2 mistral_tune_$call $tune_cells $graphs gpu=a10 seq_len=1024; }
 qwen_search() { sweep 3 qwen_tune_$call $tune_cells $graphs gpu=a10 seq_len=1024 model=qwen2.5-7b; }
-if [ $call = c1 ]; then
+if [ $call = c3 ]; then  # the attention's input gradients by cuBLAS below 8 waves of Triton's tiles
+  m3() { rounds 0 qwen qwen2.5-7b 3 "graphs: $graphs batch=4 train.gradient_checkpointing=false | \
+      unsloth: backend=unsloth batch=4 train.gradient_checkpointing=false"; }
+  g3() { rounds 1 gemma gemma-2-9b 1 "graphs: $graphs batch=4 $ckpt=0.375 | \
+      unsloth: backend=unsloth batch=8 $ckpt=1 backend.unsloth_offload=false"; }
+  l3() { rounds 2 llama llama-3.1-8b 1 "graphs: $graphs batch=4 train.gradient_checkpointing=false | \
+      unsloth: backend=unsloth batch=4 train.gradient_checkpointing=false"; }
+  q3() { CUDA_VISIBLE_DEVICES=3 timeout 150 python3 -m pytest -q -m gpu tests/test_grad_kernels.py tests/test_graphs.py \
+      tests/test_fused.py > $R/gpu_tests_$call.txt 2>&1; tail -1 $R/gpu_tests_$call.txt
+    rounds 3 qwen3 qwen3-8b 1 "graphs: $graphs batch=4 $ckpt=0.25 | \
+      unsloth: backend=unsloth batch=24 $ckpt=1 backend.unsloth_offload=true"; }
+  (pinned 0 m3) & (pinned 1 g3) & (pinned 2 l3) & (pinned 3 q3) & wait
+elif [ $call = c1 ]; then
   (pinned 0 qwen) & (pinned 1 gemma) & (pinned 2 mistral_search) & (pinned 3 qwen_search) & wait
 else  # c2 on: the nf4 kernel by block and the probe without logits (commit in the call's command)
   q2() { [ -f $R/gemm_$call.md ] || CUDA_VISIBLE_DEVICES=0 timeout 150 python3 docs/runs/scripts/gemm_variants.py \
