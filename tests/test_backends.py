@@ -169,6 +169,15 @@ def test_a_stand_in_tokenizer_has_the_model_s_vocabulary_and_special_ids(tmp_pat
     assert tok.convert_ids_to_tokens(5) == "<id_5>"
 
 
+def test_a_stand_in_tokenizer_takes_the_first_of_several_eos_ids():
+    """Llama-3.1's config lists three eos ids (its tokenizers extra not installed, as on a GPU machine without it,
+    Unsloth's loader gets the stand-in): the first is the tokenizer's eos, the others plain words."""
+    c = OmegaConf.to_object(compose_cfg(["model=llama-3.1-8b", "data=synthetic"]))
+    tok = modeling.stand_in_tokenizer(c.model)
+    assert tok.eos_token_id == 128001 and tok.bos_token_id == 128000 and len(tok) == 128256
+    assert tok.convert_ids_to_tokens(128009) == "<id_128009>" and tok.pad_token_id == 128255
+
+
 def test_unsloth_cell_runs_in_a_process_of_its_own(tmp_path, monkeypatch):
     """Unsloth patches transformers' classes on import: its cell goes to the launcher (one process,
     no torchrun), never into this one, where the next cell of a sweep would inherit the patches."""

@@ -40,11 +40,12 @@ def test_input_grad_falls_back_to_cublas_on_cpu():
 
 @pytest.mark.gpu
 @requires_cuda
-def test_input_grad_is_the_sum_of_its_gemms_on_gpu():
+def test_input_grad_is_the_sum_of_its_gemms_on_gpu(monkeypatch):
     """Tails in every dimension (M = 300, K = 48 and 1000, N = 320): the sum of the products within
     bf16 rounding of the fp32 sum, as close as cuBLAS's chain of addmm_."""
     from lorabench import grad_kernels
 
+    monkeypatch.setattr(grad_kernels, "MIN_WAVES", 0)  # 6 tiles: far below the waves it takes in a cell
     torch.manual_seed(0)
     m, n = 300, 320
     pairs = [(torch.randn(m, k, device="cuda", dtype=torch.bfloat16),

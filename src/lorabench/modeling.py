@@ -93,7 +93,8 @@ def stand_in_tokenizer(model_cfg: ModelConfig):
     from transformers import PreTrainedTokenizerFast
 
     hf = hf_config(model_cfg)
-    ids = {"bos_token": hf.bos_token_id, "eos_token": hf.eos_token_id}
+    eos = hf.eos_token_id  # Llama-3.1 lists three: a tokenizer has one eos, the first (the others stay words)
+    ids = {"bos_token": hf.bos_token_id, "eos_token": eos[0] if isinstance(eos, (list, tuple)) else eos}
     ids["pad_token"] = hf.pad_token_id if hf.pad_token_id is not None else hf.vocab_size - 1
     names = {i: f"<{k.removesuffix('_token')}>" for k, i in ids.items() if i is not None}
     vocab = {names.get(i, f"<id_{i}>"): i for i in range(hf.vocab_size)}
