@@ -1,69 +1,32 @@
 """The nf4 dequantisation kernel's time on the GPU against a copy of the same bytes (2026-11-27_searched.sh).
 
 Per weight shape of Qwen2.5-7B's decoder layer (q, k, o, gate, down), double-quantised as QLoRA stores them:
-lorabench.nf4_kernels' kernel as it is (one scale gathered per weight), the same kernel with one scale per
-quantisation block loaded once (a program's bytes as [blocks x 32 bytes]) at several program sizes and warp
-counts, bitsandbytes' own dequantize_4bit, and a plain bf16 copy of the output's size (what the memory allows).
-Each variant's output is compared bit for bit with the kernel's as it is. Times are the median of 50 calls
-(CUDA events, after 10 warm-up calls); GB/s counts the packed bytes read and the bf16 bytes written (the copy: its bytes read and written).
+lorabench.nf4_kernels' kernel as it is (its program size chosen by the weight's size; at 2eaaca1, the kernel
+before it, which gathered one scale per weight: runs/2026-11-27_searched/dequant_c1.md), the same kernel at
+several program sizes and warp counts, bitsandbytes' own dequantize_4bit, and a plain bf16 copy of the
+output's size (what the memory allows).
+Each variant's output is compared bit for bit with the kernel's as it is. Times are the median of 30 calls
+(cuda_timing.median_ms); GB/s counts the packed bytes read and the bf16 bytes written (the copy: its bytes
+read and written).
 Prints one markdown table per shape."""
-import statistics
-
 import bitsandbytes.functional as bnbf
 import torch
 import triton
-import triton.language as tl
+from cuda_timing import median_ms
 
 from lorabench import nf4_kernels
 
 
-@triton.jit
-def _by_block(q_ptr, absmax_ptr, table_ptr, out_ptr, n_bytes, code2_ptr, absmax2_ptr, offset_ptr,
-              BLOCKSIZE: tl.constexpr, BLOCKSIZE2: tl.constexpr, NESTED: tl.constexpr, BYTES: tl.constexpr):
-    HALF: tl.constexpr = BLOCKSIZE // 2  # packed bytes per quantisation block
-    NB: tl.constexpr = BYTES // HALF
-    pid = tl.program_id(0).to(tl.int64)
-    block = pid * NB + tl.arange(0, NB)
-    offs = block[:, None] * HALF + tl.arange(0, HALF)[None, :]
-    inside = offs < n_bytes
-    some = block * HALF < n_bytes
-    q = tl.load(q_ptr + offs, mask=inside, other=0).to(tl.int32)
-    if NESTED:
-        code = tl.load(absmax_ptr + block, mask=some, other=0).to(tl.int32)
-        scale = tl.load(code2_ptr + code) * tl.load(absmax2_ptr + block // BLOCKSIZE2, mask=some, other=0.0)
-        scale = scale + tl.load(offset_ptr)
-    else:
-        scale = tl.load(absmax_ptr + block, mask=some, other=0.0)
-    hi = tl.load(table_ptr + (q >> 4)) * scale[:, None]
-    lo = tl.load(table_ptr + (q & 15)) * scale[:, None]
-    out = tl.interleave(hi, lo).to(out_ptr.dtype.element_ty)
-    out_offs = block[:, None] * BLOCKSIZE + tl.arange(0, BLOCKSIZE)[None, :]
-    tl.store(out_ptr + out_offs, out, mask=out_offs < 2 * n_bytes)
-
-
 def by_block(weight, state, bytes_, warps):
+    """lorabench.nf4_kernels' kernel at a given program size and warp count."""
     out = torch.empty(state.shape, dtype=state.dtype, device=weight.device)
     n_bytes = state.shape.numel() // 2
     table = state.code.to(device=weight.device, dtype=torch.float32)
-    _by_block[(triton.cdiv(n_bytes, bytes_),)](
+    nf4_kernels._nf4_kernel[(triton.cdiv(n_bytes, bytes_),)](
         weight.reshape(-1), state.absmax, table, out, n_bytes, state.state2.code, state.state2.absmax, state.offset,
         BLOCKSIZE=state.blocksize, BLOCKSIZE2=state.state2.blocksize, NESTED=True, BYTES=bytes_,
         enable_fp_fusion=False, num_warps=warps)
     return out
-
-
-def median_ms(fn):
-    for _ in range(10):
-        fn()
-    times = []
-    for _ in range(50):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
 
 
 def main():

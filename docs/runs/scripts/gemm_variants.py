@@ -5,25 +5,10 @@ adapters' term; o) as lorabench.grad_kernels' Triton GEMM with its 128 x 256 til
 per wave where the output is small), and as cuBLAS; the MLP's gate and up as two GEMMs or one over both weights
 (forward: N = 2 x intermediate; backward: K = 2 x intermediate, where dG and dU lie side by side). Median of 30
 calls (CUDA events, after 5 warm-up calls), with TFLOP/s. Prints one markdown table per model."""
-import statistics
-
 import torch
+from cuda_timing import median_ms
 
 from lorabench import grad_kernels
-
-
-def median_ms(fn):
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(30):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
 
 
 def triton_bn(bn):
