@@ -129,7 +129,8 @@ def test_the_probe_records_each_layer_s_call_and_stops_before_the_head(model_typ
 
     config = arch_config(model_type)
     config.num_hidden_layers = 3
-    config.layer_types = (["sliding_attention", "full_attention"] * 2)[:3] if model_type == "gemma2" else None
+    if model_type == "gemma2":
+        config.layer_types = ["sliding_attention", "full_attention", "sliding_attention"]
     model = AutoModelForCausalLM.from_config(config).eval()
     layers = list(model.model.layers)
     headed = []

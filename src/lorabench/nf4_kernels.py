@@ -25,8 +25,10 @@ import triton.language as tl
 
 
 def _bytes(n_bytes: int) -> int:
-    """Packed bytes per program: 1,024 for a weight of up to 16M (Qwen2.5-7B's 3,584 x 3,584 q: 1.7x faster than
-    2,048 on an H200), 4,096 above (its 18,944 x 3,584 gate: 1.15x); docs/runs/2026-11-27_searched/dequant_c1.md."""
+    """Packed bytes per program: 4,096 for a weight over 16M (Qwen2.5-7B's 18,944 x 3,584 gate and down: the
+    fastest size in both timings on an H200, docs/runs/2026-11-27_searched/dequant_c1.md and dequant_c2.md), 1,024
+    up to it (its 3,584 x 3,584 q: the fastest in one timing, the 2,048 in the other; a weight this small takes
+    about as long as its launch, so these differ less than the timings do)."""
     return 1024 if n_bytes <= 2**23 else 4096
 
 

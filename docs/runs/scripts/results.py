@@ -1588,8 +1588,9 @@ def searched_section() -> str:
         + " (c1's probe computed the whole batch's logits; c2's stops before the head).",
         "The layer's GEMMs at 4,096 tokens each way (gemm_c2.md, `python docs/runs/scripts/gemm_variants.py`), "
         "and the nf4 kernel's variants against bitsandbytes' and a copy (dequant_c1.md, `python "
-        "docs/runs/scripts/dequant_variants.py`; timed alone with CUDA events, so the small weights' times are "
-        "mostly launch):",
+        "docs/runs/scripts/dequant_variants.py` at 2eaaca1, before the kernel read whole blocks; dequant_c2.md in the "
+        "run dir, the same after; timed alone with CUDA events, so the small weights' times are mostly launch and "
+        "move from one timing to the next):",
         *kernels,
         "GPU tests: " + "; ".join(f"{c} {t}" for c, t in tests.items()) + " (c3's failure: the input-gradient "
         "kernel's own test, whose 300 x 320 output is below the 8 waves; it sets them to 0 since 39053a0, not run "
