@@ -2178,6 +2178,7 @@ def glance() -> str:
     rc_gpu = csv_gpu(RUNS / RECOMPUTE / "gpu_c1.csv")
     sc = searched_rounds(searched_cells())
     sr = {m: [float(r[6][:-1]) for r in sc if r[0] == m and r[6] != "-"] for m in SEARCHED_MODELS.values()}
+    slow = min((r for r in sc if r[6] != "-"), key=lambda r: float(r[5]))
     st = "; ".join(f"{r[1]} seq {r[2]} ({r[0].rsplit('_', 1)[1]}) {r[4]} {r[5].split()[0]} tok/s"
                    for r in searched_tunes())
     return "\n".join([
@@ -2187,7 +2188,8 @@ def glance() -> str:
         "tokens): fast with graphs over Unsloth's best, round by round, " + "; ".join(
             f"{m} {min(x):.3f}x" + (f"-{max(x):.3f}x" if len(x) > 1 else "")
             + f" ({sum(v < 1.15 for v in x)} of {len(x)} rounds under 1.15x)"
-            for m, x in sr.items() if x) + f". fast with graphs searched: {st}. {where('searched')}.",
+            for m, x in sr.items() if x) + f" (the highest, {slow[6]}, a round whose Unsloth cell ran with its GPU "
+        f"{slow[5]}% busy: a slow host). fast with graphs searched: {st}. {where('searched')}.",
         f"- Before that, recomputed layers captured as CUDA graphs too (their backward graph runs the forward again): "
         f"Gemma-2-9B's best layout with graphs, every layer now in a graph, {rc:,.0f} tok/s on one "
         f"{rc_gpu} alone, where the same layout with its recomputed layers eager gave "
