@@ -1504,13 +1504,18 @@ def searched_rounds(cells) -> list[list]:
     return rows
 
 
-def searched_tunes() -> list[list]:
+def search_cells(name: str) -> list:
+    """The cells of one of the run's searches: its numbered dirs (their .hydra, which load_cells looks for, left
+    out of the run dir)."""
     from lorabench.results import read_result
 
+    return [read_result(p / "metrics.json") for p in (RUNS / SEARCHED_RUN / name).iterdir() if p.name.isdigit()]
+
+
+def searched_tunes() -> list[list]:
     rows = []
     for name in SEARCHED_TUNES:
-        d = RUNS / SEARCHED_RUN / name  # its cells' dirs (numbered; their .hydra left out of the run dir)
-        cells = [read_result(p / "metrics.json") for p in d.iterdir() if p.name.isdigit()]
+        cells = search_cells(name)
         b, c = searched_best(name, "fast", SEARCHED_RUN), cells[0].config
         count = {st: sum(r.status.value == st for r in cells) for st in ("ok", "oom")}
         rows.append([name, c["model"]["name"], c["seq_len"], f"{count['ok']} ok, {count['oom']} oom", b["layout"],
@@ -1520,15 +1525,10 @@ def searched_tunes() -> list[list]:
 
 def searched_recomputed() -> dict[str, list]:
     """{call: Qwen2.5-7B's search cells with every layer recomputed, by batch}."""
-    from lorabench.results import read_result
-
-    out = {}
-    for call in ("c1", "c2"):
-        d = RUNS / SEARCHED_RUN / f"qwen_tune_{call}"
-        rs = [read_result(p / "metrics.json") for p in d.iterdir() if p.name.isdigit()]
-        out[call] = sorted((r for r in rs if r.config["train"]["gradient_checkpointing"]
-                            and r.config["train"]["checkpoint_fraction"] == 1.0), key=lambda r: r.config["batch"])
-    return out
+    t = lambda r: r.config["train"]  # noqa: E731
+    every = lambda r: t(r)["gradient_checkpointing"] and t(r)["checkpoint_fraction"] == 1  # noqa: E731
+    return {call: sorted(filter(every, search_cells(f"qwen_tune_{call}")), key=lambda r: r.config["batch"])
+            for call in ("c1", "c2")}
 
 
 def searched_section() -> str:
@@ -1555,7 +1555,7 @@ def searched_section() -> str:
     return "\n\n".join([
         f"### Qwen2.5-7B and Gemma-2-9B against Unsloth's best again, fast with graphs searched (4 x "
         f"{csv_gpu(d / 'gpu_c1.csv')}, commits " + ", ".join(SEARCHED_COMMITS.values()) + ")",
-        "One 4-GPU machine lent three times, one list per GPU pinned to its own quarter of the host's cores, as the "
+        "One 4-GPU machine, three runs of the script, one list per GPU pinned to its own quarter of the host's cores, as the "
         "next section's run; 22 GiB (`gpu=a10`), seq 1024, fixed-length rows, 14 steps of which 4 untimed. Between "
         "the calls: c2 the nf4 kernel reading whole quantisation blocks (one scale loaded per block) and the graphs' "
         "probe stopped before the head (it computed the logits of the whole batch: 18.6 GiB at batch 32 on "
@@ -1597,7 +1597,7 @@ def searched_section() -> str:
         "again).",
         f"Run dir: [runs/{SEARCHED_RUN}](runs/{SEARCHED_RUN}) (`source docs/runs/scripts/device_setup.sh <commit> c0` "
         "before each call, then `LIMIT_S=560 bash docs/runs/scripts/2026-11-27_searched.sh 2eaaca1 c1`, "
-        "`LIMIT_S=550 ... 61b4afc c2`, `LIMIT_S=500 ... 7939db1 c3`, carrying .whl_unsloth; each GPU's output in "
+        "`LIMIT_S=550 ... 61b4afc c2`, `LIMIT_S=500 ... 7939db1 c3`; each GPU's output in "
         "log_<gpu>_<call>.txt, the clocks in gpu_c*.csv). Table: " + cmd("searched")])
 
 
