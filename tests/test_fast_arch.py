@@ -63,9 +63,9 @@ REFUSED = {
                ["backend.varlen_attention=false", "backend.fused_add_norm=false"]),
     "gemma3_text": ("fused_add_norm computes Mistral's decoder layer", ["backend.fused_add_norm=false"]),
     "qwen3_moe": ("fused_mlp computes dense gated MLPs; qwen3_moe routes tokens to experts (MoE)",
-                  ["backend.fused_mlp=false"]),
+                  ["backend.fused_mlp=false", "backend.cuda_graphs=false"]),
     "mixtral": ("fused_mlp computes dense gated MLPs; mixtral routes tokens to experts (MoE)",
-                ["backend.fused_mlp=false"]),
+                ["backend.fused_mlp=false", "backend.cuda_graphs=false"]),
 }
 ARCHS = ["mistral", "llama", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "qwen3_moe", "mixtral"]
 

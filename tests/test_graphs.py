@@ -2,6 +2,8 @@
 only where its call is the captured one, each adapted projection gets its dropout seed in device memory, and on
 a GPU a fast cell trains with its layers captured as it trains without (the same losses at every step)."""
 
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
@@ -181,7 +183,10 @@ def test_the_record_counts_the_graphs_memory_that_no_tensor_owns_in_the_peak_all
     assert g.metrics({}) == {"graphs/layers": 28, "mem/graph_pool_gib": 3.0}
 
 
-def test_graphs_with_several_processes_are_refused_by_name_before_they_start():
+def test_graphs_with_several_processes_are_turned_off_in_fast_or_refused_by_name_before_they_start(monkeypatch):
+    """backend=fast has cuda_graphs on: a cell of several processes (DDP, or FSDP with the parts it refuses off)
+    runs without it, its fit recording why (fit_parts); with backend.fit_parts=false it is refused before any
+    process starts. A MoE model and backend.compile=true turn it off too; one process keeps it."""
     from omegaconf import OmegaConf
 
     from conftest import compose_cfg
@@ -189,20 +194,38 @@ def test_graphs_with_several_processes_are_refused_by_name_before_they_start():
     from lorabench.results import CellSkipped
 
     unsharded = ["backend.fused_lora=false", "backend.fused_mlp=false", "backend.flat_optimizer=false"]
-    for parallel, match, more in (("ddp", "cuda_graphs captures each decoder layer on one GPU", []),
-                                  ("fsdp", "cuda_graphs captures each layer's forward and backward on one GPU",
-                                   unsharded)):  # (the parts FSDP refuses first, off)
-        c = OmegaConf.to_object(compose_cfg(["backend=fast", "backend.cuda_graphs=true", "train.nproc=2",
-                                             f"train.parallel={parallel}", *more]))
-        with pytest.raises(CellSkipped, match=match):
-            fastpath.check_sharded(c)
-    fastpath.check_sharded(OmegaConf.to_object(compose_cfg(["backend=fast", "backend.cuda_graphs=true"])))
+    monkeypatch.setattr(fastpath, "hf_config", lambda c: None)
+    monkeypatch.setattr(fastpath, "features", lambda hf: feats)
+    dense = fastpath.Features("llama", False, False, False, None, "silu", False, False, 1.0, False, 0.0, 128)
+    for parallel, more in (("ddp", []), ("fsdp", unsharded)):
+        overrides = ["backend=fast", "train.nproc=2", f"train.parallel={parallel}", *more]
+        c = OmegaConf.to_object(compose_cfg(overrides))
+        assert c.backend.cuda_graphs and c.backend.fit_parts
+        fastpath.check_sharded(c)  # not refused: each process turns it off
+        feats = dense
+        fitted, off = fastpath.fit(c)
+        assert not fitted.backend.cuda_graphs
+        assert off["backend.cuda_graphs=false"] == ("cuda_graphs captures each decoder layer on one GPU (DDP's "
+                                                    "gradient hooks and FSDP's gathers are not captured); this cell "
+                                                    "runs 2 processes")
+        strict = OmegaConf.to_object(compose_cfg([*overrides, "backend.fit_parts=false"]))
+        with pytest.raises(CellSkipped, match=r"backend=fast: cuda_graphs captures each decoder layer on one GPU "
+                                              r".*this cell runs 2 processes \(use backend.cuda_graphs=false\)"):
+            fastpath.check_sharded(strict)
+    one = OmegaConf.to_object(compose_cfg(["backend=fast"]))
+    fastpath.check_sharded(one)
+    assert fastpath.fit(one)[0].backend.cuda_graphs  # the dense model on one process: kept
+    feats = dataclasses.replace(dense, model_type="mixtral", moe=True)
+    assert "routes each batch's tokens to experts" in fastpath.fit(one)[1]["backend.cuda_graphs=false"]
+    feats = dense
+    compiled = OmegaConf.to_object(compose_cfg(["backend=fast", "backend.compile=true"]))
+    assert "backend.compile=true compiles them" in fastpath.fit(compiled)[1]["backend.cuda_graphs=false"]
 
 
 @pytest.mark.gpu
 @requires_cuda
-@pytest.mark.parametrize("model_type,dropout,recomputed", [("llama", 0, 0), ("gemma2", 0, 0), ("llama", 0.5, 0),
-                                                           ("llama", 0, 0.5), ("gemma2", 0, 0.5)])
+@pytest.mark.parametrize("model_type,dropout,recomputed", [("llama", 0, 0), ("gemma2", 0, 0), ("qwen3", 0, 0),
+                                                           ("llama", 0.5, 0), ("llama", 0, 0.5), ("gemma2", 0, 0.5)])
 def test_captured_layers_compute_the_eager_step_in_shared_memory_on_gpu(model_type, dropout, recomputed):
     """A tiny bf16 model through the fast path (Gemma-2: soft-capped attention as flex attention, its causal and
     sliding-window block masks part of the captured calls), two micro-batches accumulated: with its layers

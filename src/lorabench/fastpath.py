@@ -231,6 +231,26 @@ def _varlen_lacks(f: Features, c: Config) -> Refusal | None:
     return None
 
 
+def _graphs_one_process(c: Config) -> Refusal | None:
+    ranks = c.train.nproc * c.train.nnodes
+    if ranks > 1:
+        return Refusal(f"captures each decoder layer on one GPU (DDP's gradient hooks and FSDP's gathers are not "
+                       f"captured); this cell runs {ranks} processes", {"cuda_graphs": False})
+    return None
+
+
+def _graphs_lacks(f: Features, c: Config) -> Refusal | None:
+    if (processes := _graphs_one_process(c)) is not None:
+        return processes
+    if f.moe:
+        return Refusal(f"captures layers of fixed shapes; {f.model_type} routes each batch's tokens to experts, "
+                       "in groups whose sizes depend on the batch (MoE)", {"cuda_graphs": False})
+    if c.backend.compile:
+        return Refusal("captures each layer's eager forward and backward; backend.compile=true compiles them "
+                       "(the two together are not built)", {"cuda_graphs": False})
+    return None
+
+
 def _supports_all(f: Features, c: Config) -> Refusal | None:
     return None
 
@@ -396,8 +416,7 @@ PARTS = (
     Part("lean_step", "the Trainer's per-step host work cut (lorabench.meter.lean_step)", Stage.TRAINER),
     Part("cuda_graphs", "each kept or recomputed decoder layer's forward and backward replayed as CUDA graphs "
          "(lorabench.graphs)",
-         Stage.TRAINER, Cuda.ONLY, through=("fused_lora",),
-         unsharded="captures each layer's forward and backward on one GPU; FSDP2 gathers its weights in hooks"),
+         Stage.TRAINER, Cuda.ONLY, through=("fused_lora",), lacks=_graphs_lacks),
     Part("gc_every", "Python's garbage collector on a schedule: its young generations every N steps, never a "
          "full collection mid-training (lorabench.meter.StepMeter)", Stage.TRAINER),
     Part("compile", "torch.compile of each decoder layer", Stage.COMPILE,
@@ -418,13 +437,11 @@ def _triton_interpreter() -> bool:
 
 def check_sharded(c: Config) -> None:
     """With several processes: refuse a part that cannot run so (CellSkipped, exit 5), by name, before any
-    process starts: cuda_graphs with DDP, and with the model sharded (train.parallel=fsdp) each part whose
-    `unsharded` says why."""
-    ranks = c.train.nproc * c.train.nnodes
-    if c.backend.cuda_graphs and ranks > 1 and not c.train.sharded:
-        raise CellSkipped(f"backend={c.backend.name.value}: cuda_graphs captures each decoder layer on one GPU "
-                          f"(DDP's gradient hooks are not captured); it cannot run with {ranks} processes "
-                          "(use backend.cuda_graphs=false)")
+    process starts: cuda_graphs (with backend.fit_parts each process turns it off instead: `fit`), and with the
+    model sharded (train.parallel=fsdp) each part whose `unsharded` says why."""
+    graphs = _graphs_one_process(c) if c.backend.cuda_graphs and not c.backend.fit_parts else None
+    if graphs is not None:
+        raise CellSkipped(f"backend={c.backend.name.value}: cuda_graphs {graphs.reason} (use {graphs.fix})")
     if not c.train.sharded:
         return
     for part in parts_on(c):
@@ -434,8 +451,9 @@ def check_sharded(c: Config) -> None:
 
 
 def fit(c: Config) -> tuple[Config, dict[str, str]]:
-    """backend.fit_parts: each part this architecture lacks a feature for is turned off (its Refusal's values)
-    instead of the cell refused; the model computed is hf's either way, only slower where a part is off.
+    """backend.fit_parts: each part this architecture (or this cell: cuda_graphs with several processes or with
+    backend.compile) lacks a feature for is turned off (its Refusal's values) instead of the cell refused; the model
+    computed is hf's either way, only slower where a part is off.
     Returns the config the cell runs with and {the setting applied: why}, each logged, for the result."""
     if not c.backend.fit_parts or not parts_on(c):
         return c, {}

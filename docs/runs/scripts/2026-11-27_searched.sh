@@ -26,23 +26,9 @@
 # stand apart from an earlier one's.
 set -u
 LIMIT_S=${LIMIT_S:-560}; source "$(dirname "$0")/device_setup.sh" "$@"  # wheels, environment, t0
-source "$(dirname "$0")/gpu_lists.sh" "$@"  # /tmp/runs, the clocks, left, sweep, pack_call
-call=$2
+source "$(dirname "$0")/gpu_lists.sh" "$@"  # /tmp/runs, the clocks, left, sweep, pinned, rounds, pack_call
 cell="-m +experiment=seed_optimum train.max_steps=14 train.untimed_steps=4 gpu=a10 seq_len=1024"
 graphs="backend=fast backend.cuda_graphs=true"
-cores=$(( $(nproc) / 4 ))
-pinned() {  # pinned <gpu> <list function>: the list (this subshell and what it starts) on its own cores
-  [ $cores -ge 1 ] && taskset -cp $(( $1 * cores ))-$(( $1 * cores + cores - 1 )) $BASHPID > $R/cores_$1.txt; $2; }
-rounds() {  # rounds <gpu> <name> <model> <n> <cell A> | <cell B> | <cell C>: n rounds of the cells, each round in
-  # the order before's reverse; a cell's arguments after the model's
-  local gpu=$1 name=$2 model=$3 n=$4; shift 4; local IFS='|'; local cells=($*) r i order; unset IFS
-  for r in $(seq 1 $n); do
-    order=$(seq 0 $(( ${#cells[@]} - 1 ))); [ $((r % 2)) = 0 ] && order=$(echo $order | tr ' ' '\n' | tac)
-    for i in $order; do
-      local label=$(echo ${cells[$i]%%:*}) args=${cells[$i]#*:}
-      sweep $gpu ${name}_${label}_${call}_$r $cell model=$model $args || return
-    done
-  done; }
 qwen() {
   [ -f $R/dequant_$call.md ] || CUDA_VISIBLE_DEVICES=0 timeout 120 python3 docs/runs/scripts/dequant_variants.py \
     > $R/dequant_$call.md 2>&1
