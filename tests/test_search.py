@@ -280,14 +280,18 @@ def test_backends_table_and_answer_compare_best_against_best():
     hf = [cell(0, "hf", 8, 1, 6000), cell(1, "hf", 16, 1, 7500)]
     fast = [cell(2, "fast", 16, 0.5, 15000), cell(3, "fast", 24, 0.5, 15300)]
     zero = [cell(4, "fast", 24, 0.5, 16000, dropout=0.0)]
-    results = hf + fast + zero
-    searches = [record("backend=hf", hf, hf[1]), record("backend=fast", fast, fast[1])]
+    unsloth = [cell(5, "unsloth", 8, 1, 12000), cell(6, "unsloth", 64, 1, 12750)]
+    results = hf + fast + zero + unsloth
+    searches = [record("backend=hf", hf, hf[1]), record("backend=fast", fast, fast[1]),
+                record("backend=unsloth", unsloth, unsloth[1])]
     searches[1].dropout_zero = [searches[1].trials[1].__class__("ckpt 0.5 offload 0", 24, "ok", 16000, 20.0, 4)]
+    searches[2].cut_short = "the sweep stopped after cell 6 (sweep.deadline_s)"
     text = answer(results, searches)
     assert text == ("On NVIDIA H100 80GB HBM3 (gpu=a10) within 22 GiB at seq 512: fastest is fast b24 ckpt 0.5 "
                     "offload 0 at 15,300 non-pad tok/s, 2.04x the plain HF recipe's best (hf b16 ckpt 1 offload 0, "
-                    "7,500 tok/s). With lora.dropout=0 (a change to the recipe): fast b24 ckpt 0.5 offload 0 at "
-                    "16,000 tok/s, 2.13x.")
+                    "7,500 tok/s); 1.20x unsloth's fastest cell so far (b64 unsloth checkpointing offloaded, "
+                    "12,750 tok/s; its search cut short). "
+                    "With lora.dropout=0 (a change to the recipe): fast b24 ckpt 0.5 offload 0 at 16,000 tok/s, 2.13x.")
     table = backend_table(results, ["backend", "batch"], searches)
     rows = {r.split(" | ")[1]: r.split(" | ") for r in table.splitlines()[2:]}
     assert rows["fast"][3:5] == ["b24 ckpt 0.5 offload 0", "searched: 2 cells measured, 0 skipped"]

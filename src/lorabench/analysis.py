@@ -426,7 +426,8 @@ def _ratio(r: CellResult, ref: CellResult | None, searched: dict, none: str) -> 
 
 def answer(results: list[CellResult], searches) -> str:
     """The report's first lines, per group of searched cells (a budget, a seq_len): the fastest backend's
-    best layout and its ratio to the plain HF recipe's best (hf's searched best at the recipe's dropout)."""
+    best layout and its ratio to the plain HF recipe's best (hf's searched best at the recipe's dropout), then
+    to each other backend's searched best."""
     by_job = {r.job_num: r for r in ok_cells(results)}
     groups = defaultdict(list)
     for s in searches:
@@ -452,6 +453,8 @@ def answer(results: list[CellResult], searches) -> str:
                      f"{hf.metrics[TOK]:,.0f} tok/s)")
         else:
             text += "; no hf search on these cells for the ratio (add backend=hf)"
+        text += _over_others(best, [(s, r) for s, r in items if _dropout(r) == plain and r is not best
+                                    and r.config["backend"]["name"] != "hf"])
         zero = [r for _, r in items if _dropout(r) != plain]
         if zero:
             z = max(zero, key=lambda r: r.metrics[TOK])
@@ -460,6 +463,15 @@ def answer(results: list[CellResult], searches) -> str:
                      + (f", {z.metrics[TOK] / hf.metrics[TOK]:.2f}x" if hf is not None else ""))
         lines.append(text + ".")
     return "\n\n".join(lines)
+
+
+def _over_others(best: CellResult, others: list) -> str:
+    """The winner against each other backend's searched best beside it (hf's is the answer's own ratio), fastest
+    first; from a search the sweep cut short, its fastest cell so far (not called best)."""
+    return "".join(f"; {best.metrics[TOK] / r.metrics[TOK]:.2f}x {r.config['backend']['name']}'s "
+                   f"{'fastest cell so far' if s.cut_short else 'best'} ({layout_name(r)}, {r.metrics[TOK]:,.0f} tok/s"
+                   f"{'; its search cut short' * bool(s.cut_short)})"
+                   for s, r in sorted(others, key=lambda x: -x[1].metrics[TOK]))
 
 
 def search_table(searches) -> str:

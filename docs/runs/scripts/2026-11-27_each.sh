@@ -23,9 +23,15 @@ last() {
   if [ ! -f $R/gpu_tests_$call.txt ] && [ $call = c1 ]; then
     CUDA_VISIBLE_DEVICES=3 timeout 240 python3 -m pytest -q -m gpu tests/test_grad_kernels.py tests/test_graphs.py \
       tests/test_fast_parts.py tests/test_fused.py > $R/gpu_tests_$call.txt 2>&1; tail -1 $R/gpu_tests_$call.txt; fi
-  rounds 3 llama llama-3.1-8b 2 "fast: backend=fast batch=4 train.gradient_checkpointing=false | \
+  [ $call = c3 ] || rounds 3 llama llama-3.1-8b 2 "fast: backend=fast batch=4 train.gradient_checkpointing=false | \
     unsloth: backend=unsloth batch=4 train.gradient_checkpointing=false" || return
   sweep 3 packed_s512 $each seq_len=512 $packed_rows; }
-(pinned 0 s512) & (pinned 1 s1024) & (pinned 2 s2048) & (pinned 3 last) & wait
+# c3: GPUs 0 and 2 had finished their searches; GPU 0 Qwen2.5-7B against Unsloth's best in three rounds, GPU 2 the
+# search on packed ShareGPT at seq 1024
+q3() { rounds 0 qwen qwen2.5-7b 3 "fast: backend=fast batch=4 train.gradient_checkpointing=false | \
+    unsloth: backend=unsloth batch=4 train.gradient_checkpointing=false"; }
+p3() { sweep 2 packed_s1024 $each seq_len=1024 $packed_rows; }
+if [ $call = c3 ]; then (pinned 0 q3) & (pinned 1 s1024) & (pinned 2 p3) & (pinned 3 last) & wait
+else (pinned 0 s512) & (pinned 1 s1024) & (pinned 2 s2048) & (pinned 3 last) & wait; fi
 for g in 0 1 2 3; do grep -h "^gpu $g .*exit\|^\[search\] best" $R/log_$g.txt | tail -8; done
 pack_call $2
