@@ -2238,7 +2238,8 @@ def glance() -> str:
         "- fast against Unsloth's best, round by round on one GPU, within 22 GiB at seq 1024 (issue 34 asks 1.15x): "
         + "; ".join(f"{m} {span(x)} ({where('each')})" for m, x in er.items()) + "; "
         + "; ".join(f"{m} {span(x)} ({where('searched')})" for m, x in sr.items()
-                    if x and m not in er) + ". Over hf's best in one run per model: "
+                    if x and m not in er) + " (Unsloth's cell moves with its host from round to round: its slowest "
+        "rounds give the highest ratios). Over hf's best in one run per model: "
         + "; ".join(f"{m} {bx(k, 'hf', 2)}" for k, m in BESTS_MODELS.items()) + f" ({where('bests')}). "
         "Mistral-7B on the whole GPU: " + ", ".join(
             f"{g.metrics['perf/tokens_per_s'] / u.metrics['perf/tokens_per_s']:.2f}x Unsloth's best at seq {q} "
