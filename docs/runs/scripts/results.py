@@ -2268,9 +2268,11 @@ price ($10/h for an H100) over the non-pad tokens/s. The model is Mistral-7B-v0.
 imported transformers before Unsloth (lorabench.worker's own imports), which Unsloth warns "may run slower" as some of
 its patches go in on import: they may be low. From 669aa8c's section on, Unsloth is imported first.
 
-**Ratios** are only between cells of one table: the same GPU, the same run, the same rows. fast's layout (batch,
-layers recomputed and offloaded) was chosen by searches in earlier rounds ([history.md](history.md)); hf and Unsloth
-were not searched here: hf ran one cell, the seed's recipe as it is (batch 8, every layer recomputed; batch 4 at
+**Ratios** are only between cells of one table: the same GPU, the same run, the same rows. From the sections on
+commit 6a9ca22 up (the newest first), a backend's "best" is its fastest cell of a stated search (`+experiment=tune`;
+each section says which backends it searched, and a search cut short is called so). In the section on commit 22c8b76
+and those below it, fast's layout (batch, layers recomputed and offloaded) was chosen by searches in earlier rounds
+([history.md](history.md)); hf and Unsloth were not searched there: hf ran one cell, the seed's recipe as it is (batch 8, every layer recomputed; batch 4 at
 seq 2048), and Unsloth two batch sizes with every layer recomputed (its own default). A ratio against them is against
 those cells, not against their best: hf with fewer layers recomputed or a larger batch may be faster (at seq 512 its
 batch 16 also fits in 22 GiB, see "What fits" below), and so may Unsloth with fewer layers recomputed.
