@@ -294,6 +294,9 @@ def test_backends_table_and_answer_compare_best_against_best():
                     "With lora.dropout=0 (a change to the recipe): fast b24 ckpt 0.5 offload 0 at 16,000 tok/s, 2.13x.")
     searches[2].cut_short = ""  # finished: its best, called so
     assert "; 1.20x unsloth's best (b64 unsloth checkpointing offloaded, 12,750 tok/s). " in answer(results, searches)
+    # no hf search (not asked, or a sweep cut before it): no ratio to the HF recipe, and why
+    assert ("at 15,300 non-pad tok/s; no hf search among these cells for the ratio (add backend=hf, or resume a sweep "
+            "cut short); 1.20x unsloth's best") in answer(results, searches[1:])
     table = backend_table(results, ["backend", "batch"], searches)
     rows = {r.split(" | ")[1]: r.split(" | ") for r in table.splitlines()[2:]}
     assert rows["fast"][3:5] == ["b24 ckpt 0.5 offload 0", "searched: 2 cells measured, 0 skipped"]

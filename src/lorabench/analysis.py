@@ -452,7 +452,8 @@ def answer(results: list[CellResult], searches) -> str:
             text += (f", {best.metrics[TOK] / hf.metrics[TOK]:.2f}x the plain HF recipe's best (hf {layout_name(hf)}, "
                      f"{hf.metrics[TOK]:,.0f} tok/s)")
         else:
-            text += "; no hf search on these cells for the ratio (add backend=hf)"
+            # (a sweep cut short may not have reached hf's search: the same command resumes it)
+            text += "; no hf search among these cells for the ratio (add backend=hf, or resume a sweep cut short)"
         text += _over_others(best, [(s, r) for s, r in items if _dropout(r) == plain and r is not best
                                     and r.config["backend"]["name"] != "hf"])
         zero = [r for _, r in items if _dropout(r) != plain]

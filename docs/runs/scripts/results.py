@@ -1582,7 +1582,7 @@ def each_section() -> str:
              "cores, the four at once; a search cut by a call's time limit was resumed by the next call. Mistral-7B "
              "nf4, LoRA r16 q/k/v/o, dropout 0.05, random weights. fast ran with its defaults, its decoder layers as "
              "CUDA graphs included (nothing is captured on packed rows: their masks depend on the batch). Each "
-             "sweep's report (its results.md in the run dir, written again at this commit by `python bench.py "
+             "sweep's report (its results.md in the run dir, written again after the run by `python bench.py "
              "sweep_dir=<dir>`) opens with this answer and lists every cell each search tried:"]
     for name, what in EACH_SEARCHES.items():
         results, searches = search_cells(name, EACH), load_searches(d / name)
