@@ -6,7 +6,8 @@
 #   GPU 0 fixed-length rows at seq 512; GPU 1 at seq 1024; GPU 2 at seq 2048;
 #   GPU 3 the GPU tests (the input-gradient kernel's below 8 waves, not run since its fix; the graphs, now with
 #         Qwen3's QK-norm; the fast parts; the fused LoRA), issue 34's Llama-3.1-8B against Unsloth's best in two
-#         rounds (its Unsloth cell failed in 2026-11-27_searched: the eos list), then packed ShareGPT at seq 512.
+#         rounds per call (c1, c2; its Unsloth cell failed in 2026-11-27_searched: the eos list), then packed
+#         ShareGPT at seq 512.
 # Each call runs each list from the top; a search cut by a call's time limit is resumed by the next call (the
 # same hydra.sweep.dir: its finished cells are read back, not run again).
 #   source docs/runs/scripts/device_setup.sh <commit> c0      (carry .whl: installs it)
