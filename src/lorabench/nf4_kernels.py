@@ -81,9 +81,12 @@ def _absmax(state, keep: bool) -> torch.Tensor:
     return absmax
 
 
-def dequantize(weight: torch.Tensor, state, keep_absmax: bool = False) -> torch.Tensor:
+def dequantize(weight: torch.Tensor, state, keep_absmax: bool = False, program_bytes: int | None = None,
+               num_warps: int | None = None) -> torch.Tensor:
     """bitsandbytes.functional.dequantize_4bit(weight, state) for nf4 on CUDA: [out x in] in state.dtype.
-    A double-quantised absmax is undone inside the kernel, unless it is kept in fp32 (`keep_absmax`)."""
+    A double-quantised absmax is undone inside the kernel, unless it is kept in fp32 (`keep_absmax`).
+    program_bytes, num_warps: another program size (a power of 2, whole blocks) and warp count than `_bytes`'
+    and Triton's (docs/runs/scripts/dequant_variants.py times them)."""
     if state.nested and not keep_absmax and getattr(state, "lorabench_absmax", None) is None \
             and state.offset.device == weight.device:  # (a quant state built on the host keeps it there)
         absmax, nest, blocksize2 = state.absmax, (state.state2.code, state.state2.absmax, state.offset), \
@@ -94,8 +97,8 @@ def dequantize(weight: torch.Tensor, state, keep_absmax: bool = False) -> torch.
     out = torch.empty(state.shape, dtype=state.dtype, device=weight.device)
     n_bytes = state.shape.numel() // 2
     table = state.code.to(device=weight.device, dtype=torch.float32)
-    per = max(_bytes(n_bytes), state.blocksize // 2)
+    per = program_bytes or max(_bytes(n_bytes), state.blocksize // 2)
     _nf4_kernel[(triton.cdiv(n_bytes, per),)](
         weight.reshape(-1), absmax, table, out, n_bytes, *nest, BLOCKSIZE=state.blocksize, BLOCKSIZE2=blocksize2,
-        NESTED=blocksize2 > 1, BYTES=per, enable_fp_fusion=False)
+        NESTED=blocksize2 > 1, BYTES=per, enable_fp_fusion=False, **({"num_warps": num_warps} if num_warps else {}))
     return out

@@ -17,18 +17,6 @@ from cuda_timing import median_ms
 from lorabench import nf4_kernels
 
 
-def by_block(weight, state, bytes_, warps):
-    """lorabench.nf4_kernels' kernel at a given program size and warp count."""
-    out = torch.empty(state.shape, dtype=state.dtype, device=weight.device)
-    n_bytes = state.shape.numel() // 2
-    table = state.code.to(device=weight.device, dtype=torch.float32)
-    nf4_kernels._nf4_kernel[(triton.cdiv(n_bytes, bytes_),)](
-        weight.reshape(-1), state.absmax, table, out, n_bytes, state.state2.code, state.state2.absmax, state.offset,
-        BLOCKSIZE=state.blocksize, BLOCKSIZE2=state.state2.blocksize, NESTED=True, BYTES=bytes_,
-        enable_fp_fusion=False, num_warps=warps)
-    return out
-
-
 def main():
     dev = torch.device("cuda")
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
@@ -43,8 +31,8 @@ def main():
                 ("bf16 copy of the output's size (2 bytes read, 2 written)", lambda: ref.clone(), None)]
         for bytes_ in (1024, 2048, 4096, 8192):
             for warps in (4, 8):
-                rows.append((f"by block, {bytes_} bytes a program, {warps} warps",
-                             lambda b=bytes_, n=warps: by_block(q, state, b, n), True))
+                rows.append((f"by block, {bytes_} bytes a program, {warps} warps", lambda b=bytes_, n=warps:
+                             nf4_kernels.dequantize(q, state, program_bytes=b, num_warps=n), True))
         print(f"\n| {name} | ms | GB/s | bits equal |\n|---|---|---|---|")
         for label, fn, check in rows:
             ms = median_ms(fn)

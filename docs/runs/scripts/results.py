@@ -1545,9 +1545,9 @@ def each_bests(name: str) -> dict:
     return {s.backend: (s, cells[s.best.job]) for s in load_searches(RUNS / EACH / name) if s.best is not None}
 
 
-def each_ratios(name: str) -> dict:
-    """{"unsloth"/"hf": fast's best over that backend's best, or None where its search did not finish}."""
-    b = each_bests(name)
+def each_ratios(b: dict) -> dict:
+    """{"unsloth"/"hf": fast's best over that backend's best, or None where its search did not finish}, from one
+    sweep's each_bests."""
     tok = lambda k: b[k][1].metrics["perf/tokens_per_s"]  # noqa: E731
     return {k: tok("fast") / tok(k) if k in b and not b[k][0].cut_short else None for k in ("unsloth", "hf")}
 
@@ -1588,7 +1588,7 @@ def each_section() -> str:
         results, searches = search_cells(name, EACH), load_searches(d / name)
         parts += [f"**{what}** ({name}): " + an.answer(results, searches),
                   an.backend_table(results, an.axes(results), searches)]
-    fixed = {n: each_ratios(n) for n in EACH_SEARCHES if n.startswith("fixed")}
+    fixed = {n: each_ratios(each_bests(n)) for n in EACH_SEARCHES if n.startswith("fixed")}
     rounds, by_model = each_rounds()
     busy = [int(r[6]) for r in rounds]
     met = lambda k, t: [n.split("_s")[1] for n, x in fixed.items() if x[k] is not None and x[k] >= t]  # noqa: E731
@@ -2213,8 +2213,9 @@ def where(section: str) -> str:
 def glance() -> str:
     """README's few lines: what holds now, from the newest runs (each backend searched in one command; each model
     against Unsloth's best round by round; the 70B cells). Every earlier figure is in docs/results.md, newest first."""
-    each = {n: each_ratios(n) for n in EACH_SEARCHES}
-    best = {n: each_bests(n)["fast"][1].metrics for n in EACH_SEARCHES}
+    bests = {n: each_bests(n) for n in EACH_SEARCHES}
+    each = {n: each_ratios(b) for n, b in bests.items()}
+    best = {n: b["fast"][1].metrics for n, b in bests.items()}
     _, er = each_rounds()
     sc = searched_rounds(searched_cells())
     sr = {m: [float(r[6][:-1]) for r in sc if r[0] == m and r[6] != "-"] for m in SEARCHED_MODELS.values()}
