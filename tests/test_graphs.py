@@ -3,6 +3,7 @@ only where its call is the captured one, each adapted projection gets its dropou
 a GPU a fast cell trains with its layers captured as it trains without (the same losses at every step)."""
 
 import dataclasses
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -26,10 +27,37 @@ def test_a_layer_replays_its_graphs_only_where_its_call_is_the_captured_one(monk
     assert forward(h, position_embeddings=pe, attention_mask=torch.ones(2, 1, 3, 3)) == "eager"  # a mask
     assert forward(torch.ones(2, 5, 8), position_embeddings=(torch.ones(2, 5, 4),) * 2) == "eager"  # other shapes
     assert forward(h.half(), position_embeddings=pe) == "eager"  # another dtype
-    assert forward(h, position_embeddings=pe, cu_seq_lens_q=torch.tensor([0, 3])) == "eager"  # packed rows
+    assert forward(h, position_embeddings=pe, cu_seq_lens_q=torch.tensor([0, 3])) == "eager"  # offsets not captured
     with torch.no_grad():
         assert forward(h, position_embeddings=pe) == "eager"
     assert len(replays) == 1 and len(eager) == 5
+
+
+def test_packed_rows_offsets_are_read_by_the_graphs_and_their_longest_segment_is_part_of_the_call(monkeypatch):
+    """Packed rows through varlen attention: the segments' offsets are inputs the graphs read (copied into their
+    static tensor, one per distinct tensor), the longest segment part of the captured call. Offsets of another
+    length (more segments than the collator made room for) or another longest segment: the layer's own forward."""
+    replays, eager = [], []
+    monkeypatch.setattr(graphs._Replay, "apply", lambda slot, x, *params: replays.append(x) or "graph")
+    pe, cu = (torch.zeros(2, 3, 4), torch.zeros(2, 3, 4)), torch.tensor([0, 3, 6, 6], dtype=torch.int32)
+    kwargs = {"position_embeddings": pe, "position_ids": None, "cu_seq_lens_q": cu, "cu_seq_lens_k": cu,
+              "max_length_q": 3, "max_length_k": 3}
+    assert graphs._refusal(kwargs) is None
+    assert [t is u for t, u in zip(graphs._inputs(kwargs), (*pe, cu, cu))] == [True] * 4
+    call = graphs._Call(nn.Linear(8, 8), lambda *a, **k: eager.append(k) or "eager", graphs._static(kwargs),
+                        graphs.BOUNDARIES)
+    assert call.static == {"max_length_q": 3, "max_length_k": 3}
+    statics, x = graphs._Statics(), torch.zeros(2, 3, 8, requires_grad=True)
+    inputs = statics.static(graphs._inputs(kwargs))
+    assert inputs[2] is inputs[3]  # one tensor for q and k: one static copy
+    forward = graphs._replayed(graphs._Slot(x=x, out=x, params=(), fwd=None), call, inputs, statics)
+    h, new = torch.ones(2, 3, 8), torch.tensor([0, 2, 3, 6], dtype=torch.int32)
+    assert forward(h, **{**kwargs, "cu_seq_lens_q": new, "cu_seq_lens_k": new}) == "graph"
+    assert inputs[2].tolist() == [0, 2, 3, 6]  # the batch's offsets, where the graphs read them
+    more = torch.tensor([0, 1, 2, 3, 6], dtype=torch.int32)
+    assert forward(h, **{**kwargs, "cu_seq_lens_q": more, "cu_seq_lens_k": more}) == "eager"
+    assert forward(h, **{**kwargs, "max_length_q": 2, "max_length_k": 2}) == "eager"
+    assert len(replays) == 1 and len(eager) == 2
 
 
 def test_a_recomputed_layer_that_runs_its_own_forward_is_checkpointed_as_before_its_capture(monkeypatch):
@@ -296,3 +324,64 @@ def test_captured_layers_compute_the_eager_step_in_shared_memory_on_gpu(model_ty
             assert replayed[0] == pytest.approx(eager[0], rel=2**-8)
             for n, ref in eager[1].items():
                 assert (replayed[1][n] - ref).norm() <= 2**-8 * ref.norm(), n
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_packed_rows_replayed_as_graphs_compute_the_eager_step_on_gpu(caplog):
+    """Packed rows through varlen flash attention in the collator's fixed shapes (rows of seq_len tokens, room
+    for batch x (most samples in a row + 1) segments): the empty segments past a batch's own change nothing in the
+    eager step, and with the layers captured at the first batch, three batches of other cuts replay their graphs
+    (none runs its own forward) with the eager step's loss and LoRA gradients within one bf16 rounding of the
+    norm (2^-8)."""
+    from test_fast_arch import build, cfg
+
+    from lorabench import data, fastpath, modeling
+
+    cuda = torch.device("cuda", 0)
+    c = cfg("backend=fast", "precision=bf16", "lora.dropout=0", "lora.target_modules=[all-linear]", "seq_len=16",
+            "batch=2")
+    g = torch.Generator().manual_seed(3)
+    samples = [[{"input_ids": ids, "labels": ids} for n in lengths
+                for ids in [torch.randint(1, 256, (n,), generator=g).tolist()]]
+               for lengths in ((9, 7, 5, 4), (16, 3, 3, 3, 2), (12, 4, 10))]
+    rows = [data.pack(s, 16) for s in samples]  # two rows each: [9, 7] [5, 4]; [16] [3, 3, 3, 2]; [12, 4] [10]
+    assert all(len(r) == 2 for r in rows)
+    own = data.PackedCollator(0, 16, segments=True)
+    fixed = data.build_collator(c, SimpleNamespace(pad_token_id=0), [r for rs in rows for r in rs], fixed=True)
+    assert fixed.capacity == 2 * (4 + 1) and fixed.width == 16
+    base = build("llama", torch.bfloat16, cuda)
+    with fastpath.around_cell(c, base.config):
+        model = fastpath.apply(base, c, cuda, fastpath.Stage.BEFORE_LORA)  # varlen attention: packed rows, CUDA
+        model = modeling.apply_lora(model, c.lora, c.precision.name, False, c.backend.upcast_fp32)
+        model = fastpath.apply(model, c, cuda, fastpath.Stage.AFTER_LORA)
+        model.train()
+        for n, p in model.named_parameters():  # PEFT's B = 0 would leave A without a gradient
+            if "lora_B" in n:
+                p.data.normal_(0, 0.05, generator=torch.Generator(cuda).manual_seed(1))
+
+        def step(batch):
+            inputs = {k: v.to(cuda) if isinstance(v, torch.Tensor) else v for k, v in batch.items()
+                      if k != data.REAL_TOKENS}
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model(**inputs).loss
+            loss.backward()
+            grads = {n: p.grad.double().clone() for n, p in model.named_parameters() if p.requires_grad}
+            model.zero_grad(set_to_none=True)
+            return loss.item(), grads
+
+        def close(a, b):
+            return a[0] == pytest.approx(b[0], rel=2**-8) and all(
+                (a[1][n] - ref).norm() <= 2**-8 * ref.norm() for n, ref in b[1].items())
+
+        eager = [step(own(r)) for r in rows]
+        assert all(close(step(fixed(r)), e) for r, e in zip(rows, eager))  # the empty segments change nothing
+        layers = fastpath.decoder_layers(model)
+        first = {k: v.to(cuda) if isinstance(v, torch.Tensor) else v for k, v in fixed(rows[0]).items()
+                 if k != data.REAL_TOKENS}
+        captured = graphs.capture(model, first, layers, [layer.lorabench_kept for layer in layers], torch.bfloat16)
+        assert captured.layers == len(layers) == 2
+        with caplog.at_level("INFO", logger="lorabench.graphs"):
+            replayed = [step(fixed(r)) for r in rows]
+        assert "ran its own forward" not in caplog.text
+        assert all(close(r, e) for r, e in zip(replayed, eager))

@@ -17,10 +17,12 @@ from test_backends import assert_grads_close, lora_grads
 def reference_varlen(q, k, v, cu_seq_lens, longest, scale, window_left):
     """What packed_attention.flash_varlen computes (its flash kernel runs on CUDA only), segment by
     segment with SDPA's math: causal, keys within the window's left reach, 2 query heads per key head."""
-    assert longest == int(cu_seq_lens.diff().max())
+    assert longest >= int(cu_seq_lens.diff().max())  # the row's width where the collator fixes the shapes
     out = torch.empty_like(q)
     for a, b in zip(cu_seq_lens[:-1].tolist(), cu_seq_lens[1:].tolist()):
         n = b - a
+        if n == 0:  # an empty segment past the batch's own
+            continue
         allowed = torch.ones(n, n, dtype=torch.bool).tril()
         if window_left is not None:
             allowed &= torch.ones(n, n, dtype=torch.bool).triu(-window_left)
@@ -46,6 +48,46 @@ def test_collator_gives_each_packed_sample_and_the_padding_a_segment():
     assert batch["cu_seq_lens_q"].dtype == torch.int32 and batch["cu_seq_lens_k"] is batch["cu_seq_lens_q"]
     assert batch["max_length_q"] == batch["max_length_k"] == 6
     assert "cu_seq_lens_q" not in data.PackedCollator(pad_id=0, width=9)(rows)
+
+
+def test_fixed_shapes_give_every_batch_room_for_its_segments_and_the_row_as_longest():
+    """For CUDA graphs (build_collator's `fixed`): rows padded to seq_len, offsets with room for batch x (the most
+    samples a row holds + 1) segments, those past the batch's own empty (its end repeated), the longest the row's
+    width; batches of other cuts in one shape. A batch of more segments than the room keeps its own offsets."""
+    rows = data.pack([{"input_ids": [1] * n, "labels": [1] * n} for n in (5, 3, 2, 6)], seq_len=9)  # [6, 3], [5, 2]
+    c = OmegaConf.to_object(compose_cfg(["backend=fast", "seq_len=12", "batch=2"]))
+
+    class Tok:
+        pad_token_id = 0
+    fixed = data.build_collator(c, Tok(), rows, fixed=True)
+    assert (fixed.width, fixed.capacity) == (12, 2 * (2 + 1))
+    assert data.build_collator(c, Tok(), rows).capacity is None  # without graphs: each batch its own
+    cuts = fixed(rows)  # [6, 3 | 3 pad] and [5, 2 | 5 pad]: the 6 segments of room, all used
+    assert cuts["input_ids"].shape == (2, 12)
+    assert cuts["cu_seq_lens_q"].tolist() == [0, 6, 9, 12, 17, 19, 24]
+    whole = fixed(data.pack([{"input_ids": [1] * n, "labels": [1] * n} for n in (9, 8)], seq_len=9))
+    assert whole["cu_seq_lens_q"].tolist() == [0, 9, 12, 20, 24, 24, 24]  # [9 | 3 pad], [8 | 4 pad], 2 empty
+    assert whole["max_length_q"] == whole["max_length_k"] == cuts["max_length_q"] == 12
+    small = data.PackedCollator(0, 12, segments=True, capacity=4)(rows)
+    assert small["cu_seq_lens_q"].tolist() == [0, 6, 9, 12, 17, 19, 24]  # 6 > 4: its own
+
+
+def test_empty_segments_past_the_batch_s_own_change_no_logit(varlen_on_cpu):
+    """The tiny Mistral through varlen attention (its reference on CPU, fp64): the collator's fixed shapes (rows of
+    the width, empty segments after the batch's own) give the logits of each batch's own offsets."""
+    cfg = MistralConfig(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, use_cache=False)
+    torch.manual_seed(0)
+    model = MistralForCausalLM(cfg).double().eval()
+    packed_attention.use(model)
+    rows = data.pack([{"input_ids": torch.randint(1, 64, (n,)).tolist(), "labels": [1] * n}
+                      for n in (7, 5, 4, 9, 3)], seq_len=12)
+    names = ("input_ids", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+    with torch.no_grad():
+        own, fixed = (model(**{k: b[k] for k in names}).logits
+                      for b in (data.PackedCollator(0, 12, segments=True)(rows),
+                                data.PackedCollator(0, 12, segments=True, capacity=3 * len(rows))(rows)))
+    assert torch.equal(own, fixed)
 
 
 def test_unsloth_s_packed_batches_are_one_row_that_names_each_sample_s_length():

@@ -342,6 +342,11 @@ def pack(samples: list[dict], seq_len: int) -> list[dict]:
     return packed
 
 
+def max_samples_in_a_row(rows: list[dict]) -> int:
+    """The most samples any packed row (lorabench.data.pack's) holds: each starts at position 0."""
+    return max((r["position_ids"].count(0) for r in rows), default=1)
+
+
 class PackedCollator:
     """Right-pads packed rows. The padding gets positions 0, 1, ... of its own, so it forms a
     segment that no real token attends to; no attention_mask is passed (transformers then builds
@@ -352,8 +357,10 @@ class PackedCollator:
     keeps to a sample only in a one-row batch (as TRL's padding-free collator gives it) and otherwise
     attends across the samples of a row. The same tokens, positions and labels: the same loss."""
 
-    def __init__(self, pad_id: int, width: int | None, segments: bool = False, lengths: bool = False):
+    def __init__(self, pad_id: int, width: int | None, segments: bool = False, lengths: bool = False,
+                 capacity: int | None = None):
         self.pad_id, self.width, self.segments, self.lengths = pad_id, width, segments, lengths
+        self.capacity = capacity  # segments per batch, fixed (packed_attention.segments): with a fixed width
 
     def __call__(self, rows: list[dict]) -> dict:
         width = self.width or max(len(r["input_ids"]) for r in rows)
@@ -367,7 +374,7 @@ class PackedCollator:
             out["position_ids"][b, n:] = torch.arange(width - n)
             out[REAL_TOKENS][b, :n] = 1
         if self.segments:
-            out.update(packed_attention.segments(out["position_ids"]))
+            out.update(packed_attention.segments(out["position_ids"], self.capacity))
         if self.lengths:
             out = {k: v.reshape(1, -1) for k, v in out.items()}
             out["packed_seq_lengths"] = packed_attention.segments(out["position_ids"])["cu_seq_lens_q"].diff()
@@ -442,12 +449,18 @@ def build_dataset(cfg: Config, tokenizer):
     return ds, stats
 
 
-def build_collator(cfg: Config, tokenizer):
+def build_collator(cfg: Config, tokenizer, dataset=None, fixed: bool = False):
+    """fixed: every batch of packed rows in the same shapes (CUDA graphs replay them, lorabench.graphs): rows padded
+    to seq_len and, for varlen attention, room for the most segments a batch of `dataset`'s rows can hold."""
     if cfg.data.kind is DataKind.synthetic:
         return synthetic_collator
     width = cfg.seq_len if cfg.data.padding is Padding.max_length else None
     if packs(cfg):
-        return PackedCollator(tokenizer.pad_token_id, width, segments=cfg.backend.varlen_attention,
-                              lengths=cfg.backend.name is Backend.unsloth)
+        varlen, capacity = cfg.backend.varlen_attention, None
+        if fixed and varlen and dataset is not None:
+            # each row's samples, plus the padding after them: at most cfg.batch x (most samples in a row + 1)
+            width, capacity = cfg.seq_len, cfg.batch * (max_samples_in_a_row(dataset) + 1)
+        return PackedCollator(tokenizer.pad_token_id, width, segments=varlen,
+                              lengths=cfg.backend.name is Backend.unsloth, capacity=capacity)
     return DataCollatorForSeq2Seq(tokenizer, padding=cfg.data.padding.value, max_length=width,
                                   label_pad_token_id=IGNORE, return_tensors="pt")

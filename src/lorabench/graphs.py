@@ -18,11 +18,14 @@ layer's output gradient being the next one's input gradient: two gradient buffer
 
 Which layers: the kept ones and the recomputed ones (not the offloaded ones: host copies are not captured),
 once, at the first step, from what the model's forward gives them then (a forward without gradients over the
-first batch). A layer whose call carries a mask that depends on the batch (padding, packed rows' boundaries),
-a cache or varlen attention's boundaries is not captured. A flex attention block mask that depends on shapes
-alone (Gemma-2's causal and sliding-window masks over fixed-length rows) is part of the captured call. At any
-later call whose shapes, mask or arguments differ from the captured ones the layer runs its own forward. On
-one GPU (DDP's gradient hooks are not captured).
+first batch). A layer whose call carries a mask that depends on the batch (padding, packed rows' boundaries as
+a mask) or a cache is not captured. A flex attention block mask that depends on shapes alone (Gemma-2's causal
+and sliding-window masks over fixed-length rows) is part of the captured call. Packed rows with varlen
+attention (lorabench.packed_attention) are: their segments' offsets are an input the graphs read, like the
+position embeddings, in shapes the collator keeps fixed (lorabench.data.build_collator: rows of seq_len tokens,
+room for a fixed number of segments, the longest one the row). At any later call whose shapes, mask or
+arguments differ from the captured ones the layer runs its own forward. On one GPU (DDP's gradient hooks are
+not captured).
 
 A recomputed layer (activation checkpointing) is captured as checkpointing computes it: its forward graph runs
 without keeping activations, its backward graph runs the forward again and then the backward, so that its
@@ -46,6 +49,11 @@ log = logging.getLogger(__name__)
 # embeddings are its inputs; attention ignores the ids and cache positions without a cache).
 IGNORED = {"position_ids", "cache_position", "use_cache", "num_items_in_batch", "output_attentions",
            "output_hidden_states"}
+# Packed rows' segments for varlen attention (lorabench.packed_attention.segments): their offsets are inputs of
+# the graphs (copied in before each replay, as the position embeddings), their longest lengths part of the call
+# (the kernel's grid is sized by them when it is captured).
+BOUNDARIES = ("cu_seq_lens_q", "cu_seq_lens_k")
+LENGTHS = ("max_length_q", "max_length_k")
 WARMUP = 3  # eager forwards and backwards per layer before its capture (as make_graphed_callables)
 
 
@@ -53,12 +61,25 @@ class _Call(nn.Module):
     """One layer's forward as a function of its tensor inputs (what is captured); its parameters are the
     layer's, and a mask that depends on shapes alone is part of the call (`static`)."""
 
-    def __init__(self, layer: nn.Module, forward, static: dict):
+    def __init__(self, layer: nn.Module, forward, static: dict, boundaries: tuple = ()):
         super().__init__()
-        self.layer, self.run, self.static = layer, forward, static
+        self.layer, self.run, self.static, self.boundaries = layer, forward, static, boundaries
 
-    def forward(self, hidden, cos, sin):
-        return self.run(hidden, position_embeddings=(cos, sin), **self.static)
+    def forward(self, hidden, cos, sin, *boundaries):
+        return self.run(hidden, position_embeddings=(cos, sin), **dict(zip(self.boundaries, boundaries)),
+                        **self.static)
+
+
+def _inputs(kwargs: dict) -> tuple:
+    """The tensors a captured call reads besides the hidden states: the position embeddings, then packed rows'
+    segment offsets where the call has them."""
+    return (*kwargs["position_embeddings"], *(kwargs[k] for k in BOUNDARIES if kwargs.get(k) is not None))
+
+
+def _static(kwargs: dict) -> dict:
+    """What of a layer's call is part of its captured computation: a mask that depends on shapes alone, the
+    longest segments of packed rows."""
+    return {k: kwargs[k] for k in ("attention_mask", *LENGTHS) if kwargs.get(k) is not None}
 
 
 @dataclass(eq=False)
@@ -174,7 +195,8 @@ def _refusal(kwargs: dict, key=None) -> str | None:
         return "a cache"
     if kwargs.get("position_embeddings") is None:
         return "no position embeddings"
-    other = set(kwargs) - IGNORED - {"attention_mask", "past_key_values", "position_embeddings"}
+    other = set(kwargs) - IGNORED - {"attention_mask", "past_key_values", "position_embeddings", *BOUNDARIES,
+                                     *LENGTHS}
     return f"other arguments {sorted(other)}" if other else None
 
 
@@ -249,13 +271,12 @@ def capture(model, inputs: dict, layers, keep: list[bool], dtype: torch.dtype, a
     graphs.seeds = _seed_slots([layers[i] for i in chosen], device)
     graphs.before_step()
     originals = [layers[i].forward for i in chosen]
-    calls = [_Call(layers[i], f, {"attention_mask": seen[i][1]["attention_mask"]}
-                   if seen[i][1].get("attention_mask") is not None else {}) for i, f in zip(chosen, originals)]
+    calls = [_Call(layers[i], f, _static(seen[i][1]), tuple(k for k in BOUNDARIES if seen[i][1].get(k) is not None))
+             for i, f in zip(chosen, originals)]
     # The probe's hidden states are the samples (not copied: nothing writes them; one tensor for every layer of
-    # its shape); each layer's position embeddings are the static pair its graphs read
+    # its shape); each layer's position embeddings (and packed rows' offsets) are the static tensors its graphs read
     statics = _Statics()
-    samples = [(seen[i][0].detach().requires_grad_(), statics.static(seen[i][1]["position_embeddings"]))
-               for i in chosen]
+    samples = [(seen[i][0].detach().requires_grad_(), statics.static(_inputs(seen[i][1]))) for i in chosen]
     del seen  # the other layers' hidden states
     recomputed = [again[i] for i in chosen]
     with torch.autocast(device.type, dtype=dtype, cache_enabled=False):
@@ -356,18 +377,21 @@ class _Statics:
 
 def _replayed(slot: _Slot, call: _Call, pe: tuple, statics: _Statics):
     """A layer's forward that replays its graphs where the call matches the captured one, else runs as before;
-    pe: the static position embeddings its graphs read."""
+    pe: the static position embeddings (and segment offsets) its graphs read."""
     shapes = [(t.shape, t.dtype) for t in (slot.x, *pe)]
     key, fell_back = mask_key(call.static.get("attention_mask")), []
+    lengths = [call.static.get(k) for k in LENGTHS]
 
     def forward(hidden_states, **kwargs):
         mine = mask_key(kwargs.get("attention_mask"))  # once per call: it walks the mask function's closures
         why = _refusal(kwargs, mine)
-        new = kwargs.get("position_embeddings")
+        new = _inputs(kwargs) if why is None else ()
         if why is None and [(t.shape, t.dtype) for t in (hidden_states, *new)] != shapes:
             why = "other shapes or dtypes"
         if why is None and mine != key:
             why = "another attention mask"
+        if why is None and [kwargs.get(k) for k in LENGTHS] != lengths:
+            why = "other longest segments"
         if why is not None or not torch.is_grad_enabled():
             if why is not None and not fell_back:
                 fell_back.append(why)

@@ -83,7 +83,8 @@ def _measure(c: Config, run_dir: Path, result: CellResult, logger: MetricLogger,
         sharding.gather_head_with_final_norm(model)
     trainer = MeasuredTrainer(model=model, args=training_arguments(c, device, ckpt_dir, layer_class),
                               train_dataset=dataset,
-                              data_collator=data.build_collator(c, tokenizer), callbacks=watch.callbacks,
+                              data_collator=data.build_collator(c, tokenizer, dataset, fixed=graphs_on(c, device)),
+                              callbacks=watch.callbacks,
                               meter=watch.meter, flat_optimizer=c.backend.flat_optimizer,
                               lean_step=c.backend.lean_step,
                               graph_layers=fastpath.decoder_layers(model) if graphs_on(c, device) else None)

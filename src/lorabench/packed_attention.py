@@ -22,13 +22,21 @@ import torch
 NAME = "lorabench_varlen"
 
 
-def segments(position_ids: torch.Tensor) -> dict:
+def segments(position_ids: torch.Tensor, capacity: int | None = None) -> dict:
     """The batch keys of a packed batch's segments: cu_seq_lens (int32, [segments + 1], offsets into
     the flattened batch) and the longest segment. A segment starts wherever the position is 0 (each row
-    starts one, and so does its padding)."""
+    starts one, and so does its padding).
+
+    capacity: the same shapes and lengths for every batch of one width (what a CUDA graph replays,
+    lorabench.graphs): cu_seq_lens holds `capacity` segments, the ones past the batch's own of length 0
+    (flash attention's blocks past a segment's end return at once), and the longest is the row's width
+    (no segment is longer: it sizes the kernel's grid, each block then keeps to its own segment's length).
+    A batch of more segments keeps its own count: its layers run without their graphs."""
     starts = (position_ids.reshape(-1) == 0).nonzero().flatten()
-    cu = torch.cat([starts, starts.new_tensor([position_ids.numel()])]).to(torch.int32)
-    longest = int(cu.diff().max())
+    total = position_ids.numel()
+    empty = max(0, capacity - len(starts)) if capacity else 0
+    cu = torch.cat([starts, starts.new_full((1 + empty,), total)]).to(torch.int32)
+    longest = position_ids.shape[-1] if capacity else int(cu.diff().max())
     return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
 
 
