@@ -2,6 +2,7 @@
 only where its call is the captured one, each adapted projection gets its dropout seed in device memory, and on
 a GPU a fast cell trains with its layers captured as it trains without (the same losses at every step)."""
 
+import contextlib
 import dataclasses
 from types import SimpleNamespace
 
@@ -58,6 +59,29 @@ def test_packed_rows_offsets_are_read_by_the_graphs_and_their_longest_segment_is
     assert forward(h, **{**kwargs, "cu_seq_lens_q": more, "cu_seq_lens_k": more}) == "eager"
     assert forward(h, **{**kwargs, "max_length_q": 2, "max_length_k": 2}) == "eager"
     assert len(replays) == 1 and len(eager) == 2
+
+
+def test_each_chain_of_captured_layers_starts_from_input_memory_of_its_own(monkeypatch):
+    """Layers captured around offloaded ones (recomputed and offloaded layers interleave: offload.layer_plan) form
+    chains; each chain's first layer reads its input from memory of its own, which its backward reads again (its
+    saved input, or where its recomputation starts). They once shared the probe's one sample tensor: the last
+    chain's forward overwrote the others' inputs before their backward, and every cell with layers both recomputed
+    and offloaded trained on wrong LoRA gradients (on packed ShareGPT its loss fell to 10.24 where the same cell
+    without graphs, and hf's, reached 9.83). Consecutive layers share: a layer's input is the previous output."""
+    class Graph:  # the capture runs each call once, eagerly: what it allocates is what a capture would
+        def replay(self):
+            pass
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda graph, pool=None: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    layers = [nn.Linear(8, 8) for _ in range(4)]
+    calls = [graphs._Call(layer, lambda h, position_embeddings, layer=layer: layer(h), {}) for layer in layers]
+    sample = (torch.zeros(2, 8, requires_grad=True), (torch.zeros(1), torch.zeros(1)))  # the probe's one tensor
+    # captured: layers 0, 1, 3 and 5 of six, 2 and 4 offloaded; 0 and 3 recomputed
+    slots = graphs._capture_chain(calls, [sample] * 4, [True, False, False], False, [True, False, True, False])
+    assert slots[1].x.data_ptr() == slots[0].out.data_ptr()
+    starts = [slots[i].x.data_ptr() for i in (0, 2, 3)]
+    assert len(set(starts)) == 3
 
 
 def test_a_recomputed_layer_that_runs_its_own_forward_is_checkpointed_as_before_its_capture(monkeypatch):
@@ -336,11 +360,11 @@ def test_packed_rows_replayed_as_graphs_compute_the_eager_step_on_gpu(caplog):
     norm (2^-8)."""
     from test_fast_arch import build, cfg
 
-    from lorabench import data, fastpath, modeling
+    from lorabench import backends, data, fastpath, modeling
 
     cuda = torch.device("cuda", 0)
     c = cfg("backend=fast", "precision=bf16", "lora.dropout=0", "lora.target_modules=[all-linear]", "seq_len=16",
-            "batch=2")
+            "batch=2", "train.gradient_checkpointing=false")
     g = torch.Generator().manual_seed(3)
     samples = [[{"input_ids": ids, "labels": ids} for n in lengths
                 for ids in [torch.randint(1, 256, (n,), generator=g).tolist()]]
@@ -355,6 +379,7 @@ def test_packed_rows_replayed_as_graphs_compute_the_eager_step_on_gpu(caplog):
         model = fastpath.apply(base, c, cuda, fastpath.Stage.BEFORE_LORA)  # varlen attention: packed rows, CUDA
         model = modeling.apply_lora(model, c.lora, c.precision.name, False, c.backend.upcast_fp32)
         model = fastpath.apply(model, c, cuda, fastpath.Stage.AFTER_LORA)
+        backends.apply_checkpointing(model, c.train, cuda)  # none recomputed: each layer marked kept
         model.train()
         for n, p in model.named_parameters():  # PEFT's B = 0 would leave A without a gradient
             if "lora_B" in n:

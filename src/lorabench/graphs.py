@@ -332,7 +332,11 @@ def _capture_chain(calls, samples, consecutive: list[bool], accumulate: bool, ag
         slots.append(_Slot(x=x, out=out, params=tuple(p for p in call.parameters() if p.requires_grad), fwd=fwd,
                            clone_grads=accumulate, recompute=again[i]))
         if i + 1 < len(calls):
-            x = out.detach().requires_grad_() if consecutive[i] else samples[i + 1][0]
+            # A layer after one that is not captured (offloaded) starts a chain: its input is memory of its own,
+            # which its forward copies the hidden states into and its backward reads (its saved input, or the
+            # input its recomputation starts from). The samples are one tensor for every layer: chains that
+            # started in it would overwrite each other's inputs before their backward.
+            x = (out.detach() if consecutive[i] else samples[i + 1][0].detach().clone()).requires_grad_()
     # The input gradients alternate between two buffers: layer i's is copied into pingpong[i % 2] (one device
     # copy, ~20 us for 29 MB), which layer i - 1 reads while writing the other; autograd's own buffer goes back
     # to the pool for the captures below it. Holding each layer's input gradient instead would keep one buffer

@@ -24,6 +24,13 @@ tests() {
 s1024() { sweep 1 packed_s1024 $each seq_len=1024; }
 s2048() { sweep 2 packed_s2048 $each seq_len=2048; }
 whole() { sweep 3 whole_s1024 $tune_cells backend=fast,unsloth gpu=auto seq_len=1024; }
-(pinned 0 tests) & (pinned 1 s1024) & (pinned 2 s2048) & (pinned 3 whole) & wait
+# c3 (written after c2, where GPUs 2 and 3 had finished): GPU 2 the whole GPU at seq 512, GPU 3 issue 34's
+# Qwen2.5-7B, fast's defaults against Unsloth's searched best, two rounds
+whole512() { sweep 2 whole_s512 $tune_cells backend=fast,unsloth gpu=auto seq_len=512; }
+cell="-m +experiment=seed_optimum train.max_steps=14 train.untimed_steps=4 gpu=a10 seq_len=1024"
+qwen() { rounds 3 qwen qwen2.5-7b 2 "fast: backend=fast batch=4 train.gradient_checkpointing=false | \
+    unsloth: backend=unsloth batch=4 train.gradient_checkpointing=false"; }
+if [ $call = c3 ]; then (pinned 0 tests) & (pinned 1 s1024) & (pinned 2 whole512) & (pinned 3 qwen) & wait
+else (pinned 0 tests) & (pinned 1 s1024) & (pinned 2 s2048) & (pinned 3 whole) & wait; fi
 for g in 0 1 2 3; do grep -h "^gpu $g .*exit\|^\[search\] best\|captured" $R/log_$g.txt | tail -8; done
 pack_call $2
