@@ -573,8 +573,9 @@ class BackendConfig:
     # backward, a recomputed layer's forward again in its backward graph; consecutive layers sharing their hidden
     # states and gradients) and replayed at every step, where a layer's call is as captured (lorabench.graphs):
     # two launches per layer instead of each kernel's from Python. Needs fixed shapes (fixed-length rows, or packed
-    # rows with varlen_attention: the collator then fixes their shapes) and no mask that reads the batch; one process, no MoE, no backend.compile (else fit_parts turns it off for the cell,
-    # or without fit_parts it is refused); on in fast.
+    # rows with varlen_attention: the collator then fixes their shapes) and no mask that reads the batch; one
+    # process, no MoE, no backend.compile (else fit_parts turns it off for the cell, or without fit_parts it is
+    # refused); on in fast.
     cuda_graphs: bool = False
     # With Liger's RMSNorm: its backward, where the norm's weight is frozen (QLoRA), launched with one
     # program per 4 rows instead of one per SM, and its forward and backward without Liger's per-call
