@@ -73,6 +73,25 @@ def test_a_short_run_times_what_its_warmup_leaves(tmp_path):
     assert r.metrics["count/warmup_steps"] == 2 and r.metrics["count/timed_steps"] == 3
 
 
+def test_every_step_holds_a_full_batch_where_the_data_has_one(tmp_path):
+    """10 synthetic rows at batch 4: the epoch's last, short batch (2 rows) is left out, so each of the 5 steps trains
+    on 4 rows (the timed window compares steps of one size). Rows for no full batch (packing can leave fewer rows
+    than a batch; each process batches its share of them): the short batch is kept, the cell still trains."""
+    from omegaconf import OmegaConf
+
+    from conftest import compose_cfg
+    from lorabench.loop import training_arguments
+
+    r = run_in_process(["data=synthetic", "data.max_samples=10", "batch=4", "train.max_steps=5",
+                        "train.untimed_steps=2"], tmp_path)
+    assert r.ok, r.error
+    assert [s["samples"] for s in read_steps(tmp_path)] == [4] * 5
+    c = OmegaConf.to_object(compose_cfg(["batch=4", "train.nproc=2"]))
+    drop = {rows: training_arguments(c, torch.device("cpu"), tmp_path, rows=rows).dataloader_drop_last
+            for rows in (7, 8)}
+    assert drop == {7: False, 8: True}  # 2 processes x batch 4
+
+
 def test_help_shows_examples_options_and_exit_codes():
     out = run_cli("train.py", ["--help"]).stdout
     assert "python train.py -m seq_len=512,1024 batch=4,8" in out and "Exit codes: 0 ok" in out
