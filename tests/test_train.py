@@ -76,7 +76,7 @@ def test_a_short_run_times_what_its_warmup_leaves(tmp_path):
 def test_every_step_holds_a_full_batch_where_the_data_has_one(tmp_path):
     """10 synthetic rows at batch 4: the epoch's last, short batch (2 rows) is left out, so each of the 5 steps trains
     on 4 rows (the timed window compares steps of one size). Rows for no full batch (packing can leave fewer rows
-    than a batch; each process batches its share of them): the short batch is kept, the cell still trains."""
+    than a batch; each process batches its share of them): the Trainer is told to keep the short batch."""
     from omegaconf import OmegaConf
 
     from conftest import compose_cfg
