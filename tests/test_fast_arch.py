@@ -144,13 +144,15 @@ def test_fused_forwards_are_refused_under_another_transformers_major_version(mon
         fastpath.check_parts(fast_cfg(), arch_config("llama"), torch.device("cpu"))
 
 
-def build(model_type: str, dtype=torch.float64, device=torch.device("cpu")):
+def build(model_type: str, dtype=torch.float64, device=torch.device("cpu"), layers: int | None = None):
     """The tiny model of `model_type`, eager attention (it applies Gemma-2's soft-cap and each layer's
-    scaling), its biases and norm weights random."""
+    scaling), its biases and norm weights random; layers: another number of decoder layers than its config's."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
     hf = arch_config(model_type)
+    if layers is not None:
+        hf.num_hidden_layers = layers
     with torch.device(device):
         # eager experts: the grouped GEMM of transformers' MoE runs no float64
         model = AutoModelForCausalLM.from_config(hf, dtype=dtype, attn_implementation="eager",

@@ -352,6 +352,54 @@ def test_captured_layers_compute_the_eager_step_in_shared_memory_on_gpu(model_ty
 
 @pytest.mark.gpu
 @requires_cuda
+def test_captured_layers_around_an_uncaptured_one_compute_the_eager_step_on_gpu():
+    """Three layers, the middle one not captured (as an offloaded layer is not): two chains, the first layer's and
+    the third's, each starting from input memory of its own, and the loss and every LoRA gradient of each batch with
+    the graphs replayed are the eager step's within one bf16 rounding of the norm (2^-8). With the two chains' inputs
+    in one buffer (before 0e26623) the third layer's forward overwrote the first one's saved input."""
+    from test_fast_arch import build, cfg
+
+    from lorabench import backends, fastpath, modeling
+
+    cuda = torch.device("cuda", 0)
+    c = cfg("backend=fast", "data.packing=false", "lora.dropout=0", "precision=bf16", "lora.target_modules=[all-linear]",
+            "train.gradient_checkpointing=false")
+    base = build("llama", torch.bfloat16, cuda, layers=3)
+    base.set_attn_implementation("sdpa")  # build's eager attention takes a mask tensor (not captured)
+    g = torch.Generator().manual_seed(3)
+    batches = [torch.randint(0, 256, (2, 16), generator=g).to(cuda) for _ in range(2)]
+    with fastpath.around_cell(c, base.config):
+        model = fastpath.apply(base, c, cuda, fastpath.Stage.BEFORE_LORA)
+        model = modeling.apply_lora(model, c.lora, c.precision.name, False, c.backend.upcast_fp32)
+        model = fastpath.apply(model, c, cuda, fastpath.Stage.AFTER_LORA)
+        backends.apply_checkpointing(model, c.train, cuda)
+        model.train()
+        for n, p in model.named_parameters():  # PEFT's B = 0 would leave A without a gradient
+            if "lora_B" in n:
+                p.data.normal_(0, 0.05, generator=torch.Generator(cuda).manual_seed(1))
+
+        def step(ids):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            grads = {n: p.grad.double().clone() for n, p in model.named_parameters() if p.requires_grad}
+            model.zero_grad(set_to_none=True)
+            return loss.item(), grads
+
+        eager = [step(ids) for ids in batches]
+        layers = fastpath.decoder_layers(model)
+        captured = graphs.capture(model, {"input_ids": batches[0], "labels": batches[0]}, layers,
+                                  [True, False, True], torch.bfloat16)
+        assert captured.layers == 2 and captured.slots[0].x.data_ptr() != captured.slots[1].x.data_ptr()
+        for ids, (loss, grads) in zip(batches, eager):
+            got = step(ids)
+            assert got[0] == pytest.approx(loss, rel=2**-8)
+            for n, ref in grads.items():
+                assert (got[1][n] - ref).norm() <= 2**-8 * ref.norm(), n
+
+
+@pytest.mark.gpu
+@requires_cuda
 def test_packed_rows_replayed_as_graphs_compute_the_eager_step_on_gpu(caplog):
     """Packed rows through varlen flash attention in the collator's fixed shapes (rows of seq_len tokens, room
     for batch x (most samples in a row + 1) segments): the empty segments past a batch's own change nothing in the
