@@ -274,6 +274,32 @@ def test_graphs_with_several_processes_are_turned_off_in_fast_or_refused_by_name
     assert "backend.compile=true compiles them" in fastpath.fit(compiled)[1]["backend.cuda_graphs=false"]
 
 
+def fast_lora_model(base, c, device):
+    """`base` through the fast cell's steps (its parts before and after LoRA, checkpointing per c.train), in train
+    mode, LoRA's B drawn at random (PEFT's B = 0 would leave A without a gradient). Inside fastpath.around_cell."""
+    from lorabench import backends, fastpath, modeling
+
+    model = fastpath.apply(base, c, device, fastpath.Stage.BEFORE_LORA)
+    model = modeling.apply_lora(model, c.lora, c.precision.name, False, c.backend.upcast_fp32)
+    model = fastpath.apply(model, c, device, fastpath.Stage.AFTER_LORA)
+    backends.apply_checkpointing(model, c.train, device)
+    model.train()
+    for n, p in model.named_parameters():
+        if "lora_B" in n:
+            p.data.normal_(0, 0.05, generator=torch.Generator(device).manual_seed(1))
+    return model
+
+
+def loss_and_grads(model, **inputs) -> tuple[float, dict]:
+    """One bf16 step's loss and every trainable parameter's gradient (float64 copies), the gradients then cleared."""
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = model(**inputs).loss
+    loss.backward()
+    grads = {n: p.grad.double().clone() for n, p in model.named_parameters() if p.requires_grad}
+    model.zero_grad(set_to_none=True)
+    return loss.item(), grads
+
+
 @pytest.mark.gpu
 @requires_cuda
 @pytest.mark.parametrize("model_type,dropout,recomputed", [("llama", 0, 0), ("gemma2", 0, 0), ("qwen3", 0, 0),
@@ -288,7 +314,7 @@ def test_captured_layers_compute_the_eager_step_in_shared_memory_on_gpu(model_ty
     same step, new seeds (Graphs.before_step) other masks."""
     from test_fast_arch import REFUSED, build, cfg
 
-    from lorabench import backends, fastpath, modeling
+    from lorabench import fastpath
 
     cuda = torch.device("cuda", 0)
     c = cfg("backend=fast", "data.packing=false", f"lora.dropout={dropout}", "precision=bf16",
@@ -301,14 +327,7 @@ def test_captured_layers_compute_the_eager_step_in_shared_memory_on_gpu(model_ty
     g = torch.Generator().manual_seed(3)
     batches = [torch.randint(0, 256, (2, 16), generator=g).to(cuda) for _ in range(2)]
     with fastpath.around_cell(c, base.config):
-        model = fastpath.apply(base, c, cuda, fastpath.Stage.BEFORE_LORA)
-        model = modeling.apply_lora(model, c.lora, c.precision.name, False, c.backend.upcast_fp32)
-        model = fastpath.apply(model, c, cuda, fastpath.Stage.AFTER_LORA)
-        backends.apply_checkpointing(model, c.train, cuda)
-        model.train()
-        for n, p in model.named_parameters():  # PEFT's B = 0 would leave A without a gradient
-            if "lora_B" in n:
-                p.data.normal_(0, 0.05, generator=torch.Generator(cuda).manual_seed(1))
+        model = fast_lora_model(base, c, cuda)
 
         def step():
             losses = []
@@ -359,7 +378,7 @@ def test_captured_layers_around_an_uncaptured_one_compute_the_eager_step_on_gpu(
     in one buffer (before 0e26623) the third layer's forward overwrote the first one's saved input."""
     from test_fast_arch import build, cfg
 
-    from lorabench import backends, fastpath, modeling
+    from lorabench import fastpath
 
     cuda = torch.device("cuda", 0)
     c = cfg("backend=fast", "data.packing=false", "lora.dropout=0", "precision=bf16", "lora.target_modules=[all-linear]",
@@ -369,22 +388,10 @@ def test_captured_layers_around_an_uncaptured_one_compute_the_eager_step_on_gpu(
     g = torch.Generator().manual_seed(3)
     batches = [torch.randint(0, 256, (2, 16), generator=g).to(cuda) for _ in range(2)]
     with fastpath.around_cell(c, base.config):
-        model = fastpath.apply(base, c, cuda, fastpath.Stage.BEFORE_LORA)
-        model = modeling.apply_lora(model, c.lora, c.precision.name, False, c.backend.upcast_fp32)
-        model = fastpath.apply(model, c, cuda, fastpath.Stage.AFTER_LORA)
-        backends.apply_checkpointing(model, c.train, cuda)
-        model.train()
-        for n, p in model.named_parameters():  # PEFT's B = 0 would leave A without a gradient
-            if "lora_B" in n:
-                p.data.normal_(0, 0.05, generator=torch.Generator(cuda).manual_seed(1))
+        model = fast_lora_model(base, c, cuda)
 
         def step(ids):
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = model(input_ids=ids, labels=ids).loss
-            loss.backward()
-            grads = {n: p.grad.double().clone() for n, p in model.named_parameters() if p.requires_grad}
-            model.zero_grad(set_to_none=True)
-            return loss.item(), grads
+            return loss_and_grads(model, input_ids=ids, labels=ids)
 
         eager = [step(ids) for ids in batches]
         layers = fastpath.decoder_layers(model)
@@ -408,7 +415,7 @@ def test_packed_rows_replayed_as_graphs_compute_the_eager_step_on_gpu(caplog):
     norm (2^-8)."""
     from test_fast_arch import build, cfg
 
-    from lorabench import backends, data, fastpath, modeling
+    from lorabench import data, fastpath
 
     cuda = torch.device("cuda", 0)
     c = cfg("backend=fast", "precision=bf16", "lora.dropout=0", "lora.target_modules=[all-linear]", "seq_len=16",
@@ -424,24 +431,11 @@ def test_packed_rows_replayed_as_graphs_compute_the_eager_step_on_gpu(caplog):
     assert fixed.capacity == 2 * (4 + 1) and fixed.width == 16
     base = build("llama", torch.bfloat16, cuda)
     with fastpath.around_cell(c, base.config):
-        model = fastpath.apply(base, c, cuda, fastpath.Stage.BEFORE_LORA)  # varlen attention: packed rows, CUDA
-        model = modeling.apply_lora(model, c.lora, c.precision.name, False, c.backend.upcast_fp32)
-        model = fastpath.apply(model, c, cuda, fastpath.Stage.AFTER_LORA)
-        backends.apply_checkpointing(model, c.train, cuda)  # none recomputed: each layer marked kept
-        model.train()
-        for n, p in model.named_parameters():  # PEFT's B = 0 would leave A without a gradient
-            if "lora_B" in n:
-                p.data.normal_(0, 0.05, generator=torch.Generator(cuda).manual_seed(1))
+        model = fast_lora_model(base, c, cuda)  # varlen attention (packed rows, CUDA); none recomputed: each kept
 
         def step(batch):
-            inputs = {k: v.to(cuda) if isinstance(v, torch.Tensor) else v for k, v in batch.items()
-                      if k != data.REAL_TOKENS}
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = model(**inputs).loss
-            loss.backward()
-            grads = {n: p.grad.double().clone() for n, p in model.named_parameters() if p.requires_grad}
-            model.zero_grad(set_to_none=True)
-            return loss.item(), grads
+            return loss_and_grads(model, **{k: v.to(cuda) if isinstance(v, torch.Tensor) else v
+                                            for k, v in batch.items() if k != data.REAL_TOKENS})
 
         def close(a, b):
             return a[0] == pytest.approx(b[0], rel=2**-8) and all(

@@ -81,13 +81,14 @@ def _measure(c: Config, run_dir: Path, result: CellResult, logger: MetricLogger,
     layer_class = type(first_layer).__name__ if c.train.sharded else ""
     if c.train.sharded:
         sharding.gather_head_with_final_norm(model)
+    graphed = graphs_on(c, device)  # the collator then gives packed batches one shape
     trainer = MeasuredTrainer(model=model, args=training_arguments(c, device, ckpt_dir, layer_class, len(dataset)),
                               train_dataset=dataset,
-                              data_collator=data.build_collator(c, tokenizer, dataset, fixed=graphs_on(c, device)),
+                              data_collator=data.build_collator(c, tokenizer, dataset, fixed=graphed),
                               callbacks=watch.callbacks,
                               meter=watch.meter, flat_optimizer=c.backend.flat_optimizer,
                               lean_step=c.backend.lean_step,
-                              graph_layers=fastpath.decoder_layers(model) if graphs_on(c, device) else None)
+                              graph_layers=fastpath.decoder_layers(model) if graphed else None)
     trainer.remove_callback(PrinterCallback)  # it prints every log dict; the bar shows them
     train(c, trainer, resume, watch, ckpt_dir)
     arch = flop_arch(model)

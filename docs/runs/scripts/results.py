@@ -1539,6 +1539,17 @@ EACH_SEARCHES = {"fixed_s512": "fixed-length rows, seq 512", "fixed_s1024": "fix
 EACH_ROUNDS = {"llama": "llama-3.1-8b", "qwen": "qwen2.5-7b"}
 
 
+def answers(run: str, searches: dict[str, str], cells: dict | None = None) -> list[str]:
+    """Per sweep of `run` ({dir: what it measured}): its report's answer, then its Backends table; cells: each
+    sweep's search_cells where the caller has them."""
+    parts = []
+    for name, what in searches.items():
+        results, found = (cells or {}).get(name) or search_cells(name, run), load_searches(RUNS / run / name)
+        parts += [f"**{what}** ({name}): " + an.answer(results, found),
+                  an.backend_table(results, an.axes(results), found) or "(one backend measured: no table)"]
+    return parts
+
+
 def each_bests(name: str, run: str = EACH) -> dict:
     """{backend: (its search's record, its best cell)} of one of a run's sweeps (searches cut short included)."""
     cells = {r.job_num: r for r in search_cells(name, run)}
@@ -1584,10 +1595,7 @@ def each_section() -> str:
              "CUDA graphs included (nothing is captured on packed rows: their masks depend on the batch). Each "
              "sweep's report (its results.md in the run dir, written again after the run by `python bench.py "
              "sweep_dir=<dir>`) opens with this answer and lists every cell each search tried:"]
-    for name, what in EACH_SEARCHES.items():
-        results, searches = search_cells(name, EACH), load_searches(d / name)
-        parts += [f"**{what}** ({name}): " + an.answer(results, searches),
-                  an.backend_table(results, an.axes(results), searches)]
+    parts += answers(EACH, EACH_SEARCHES)
     fixed = {n: each_ratios(each_bests(n)) for n in EACH_SEARCHES if n.startswith("fixed")}
     rounds, by_model = each_rounds()
     busy = [int(r[6]) for r in rounds]
@@ -1662,16 +1670,14 @@ def packed_section() -> str:
              "call's limit was resumed by the next call. Mistral-7B nf4, LoRA r16 q/k/v/o, dropout 0.05, random "
              "weights. Each sweep's report (its results.md) opens with this answer and lists every cell each search "
              "tried:"]
-    for name, what in PACKED_SEARCHES.items():
-        results, searches = search_cells(name, PACKED), load_searches(d / name)
-        parts += [f"**{what}** ({name}): " + an.answer(results, searches),
-                  an.backend_table(results, an.axes(results), searches) or "(one backend measured: no table)"]
+    cells = {n: search_cells(n, PACKED) for n in PACKED_SEARCHES}
+    parts += answers(PACKED, PACKED_SEARCHES, cells)
     ratios = {n: each_ratios(each_bests(n, PACKED)) for n in PACKED_SEARCHES if n.startswith("packed")}
     whole = each_bests("whole_s1024", PACKED)
     wf, wu = (whole[k][1].metrics for k in ("fast", "unsloth"))
     rounds, by_model = each_rounds(PACKED)
-    wrong = [(n, r) for n in PACKED_SEARCHES for r in search_cells(n, PACKED) if r.ok and both_off(r)]
-    hf = {(n, r.config["batch"]): r for n in PACKED_SEARCHES for r in search_cells(n, PACKED)
+    wrong = [(n, r) for n, rs in cells.items() for r in rs if r.ok and both_off(r)]
+    hf = {(n, r.config["batch"]): r for n, rs in cells.items() for r in rs
           if r.ok and r.config["backend"]["name"] == "hf"}
     loss = lambda r: f"{r.metrics['train/loss_final']:.2f}"  # noqa: E731
     touched, bested = fault_cells()
@@ -1686,7 +1692,7 @@ def packed_section() -> str:
         "The fast cells on packed rows replayed their layers as graphs with each batch's own segments (rows of other "
         "cuts at every step); where hf ran the same batch (the same rows in the same order), their last loss against "
         "hf's: " + "; ".join(f"{n} {an.layout_name(r)} {loss(r)} (hf {loss(hf[n, r.config['batch']])})"
-                             for n in PACKED_SEARCHES for r in search_cells(n, PACKED)
+                             for n, rs in cells.items() for r in rs
                              if r.ok and r.config["backend"]["name"] == "fast" and not both_off(r)
                              and (n, r.config["batch"]) in hf) + ".",
         "**A fault found in this run, fixed after it.** A fast cell whose layers are both recomputed and offloaded has "
