@@ -1,7 +1,7 @@
 # Sourced, with <commit> <call>, after device_setup.sh by the scripts that run one list per GPU of a
 # several-GPU machine in consecutive calls (2026-11-26_four.sh, _gaps.sh, _flex.sh): dirs in /tmp/runs (kept
 # by the warm machine), the GPUs' clocks recorded, `left` (seconds before LIMIT_S), `sweep` (one train.py
-# command that a later call resumes or passes over), `pinned` (a list on its own quarter of the host's cores),
+# command that a later call resumes or passes over), `pinned` (a list on its own share of the host's cores),
 # `rounds` (cells in turn on one GPU, named by the call) and `pack_call` (what this call wrote, into $OUT/<call>.tgz).
 # The lists' common arguments (2026-11-26_h100.sh, _h100b.sh, _gemma.sh): a search (+experiment=tune, 14 steps of
 # which 4 untimed, at most 10 measured cells), a profiled cell (16 steps: 4 untimed, 2 profiled, 10 timed, within
@@ -26,7 +26,7 @@ sweep() {  # sweep <gpu> <name> <train.py arguments...>: once, resumed until it 
   [ $rc -ne 124 ] && [ $rc -ne 4 ] && touch $R/$name/done
   [ $rc -ne 124 ] && [ $rc -ne 4 ]
 }
-cores=$(( $(nproc) / 4 ))
+cores=$(( $(nproc) / $(nvidia-smi -L | wc -l) ))  # each GPU's share of the host's cores
 pinned() {  # pinned <gpu> <list function>: the list (this subshell and what it starts) on its own cores
   [ $cores -ge 1 ] && taskset -cp $(( $1 * cores ))-$(( $1 * cores + cores - 1 )) $BASHPID > $R/cores_$1.txt; $2; }
 rounds() {  # rounds <gpu> <name> <model> <n> <cell A> | <cell B> | <cell C>: n rounds of the cells, each round in
