@@ -1,37 +1,34 @@
 #!/usr/bin/env bash
-# What issue 35 still lacked after 2026-11-27_packed, on one 2 x H100 machine (device kind nvidia-h100-x2), one list
-# per GPU pinned to its own half of the host's cores (gpu_lists.sh), then one H200 for the profiled pair:
-#   GPU 0 the GPU tests of the graphs and of varlen attention (packed rows replayed as graphs, and captured layers
-#         around an uncaptured one: neither run on a GPU since its fix), then the whole GPU at seq 1024
-#         (`+experiment=tune backend=fast,unsloth gpu=auto`: the H100's 1.10x over Unsloth was last measured before
-#         fast captured its layers as graphs), then issue 34's Qwen2.5-7B against Unsloth's best in rounds;
-#   GPU 1 fixed-length rows at seq 2048 within 22 GiB, fast and hf searched in one sweep (2.19x in 2026-11-27_each,
-#         2.2x asked), then the whole GPU at seq 512.
-#   p1 (one H200, kind nvidia-h200): the whole-GPU bests of 2026-11-27_packed at seq 1024 (fast b32 nothing
-#         recomputed, Unsloth b32 its checkpointing off) profiled one after the other: where each step's time goes,
-#         MFU 62% asked of fast on an H200.
+# What issue 35 still lacked after 2026-11-27_packed. Asked for 2 x H100 (device kind nvidia-h100-x2); 2 x H200 came,
+# so the H100's share moved to a later lend of one H100 (kind nvidia-h100-x1: only an H100 comes):
+#   c0 (2 x H200): the wheels installed, the GPU tests of the graphs and of varlen attention (packed rows replayed as
+#         graphs, and captured layers around an uncaptured one: neither run on a GPU since its fix), into $OUT:
+#           source docs/runs/scripts/device_setup.sh <commit> c0; CUDA_VISIBLE_DEVICES=0 python3 -m pytest -q -m gpu \
+#             tests/test_graphs.py tests/test_packed_attention.py | tee $OUT/gpu_tests_c0.txt
+#   c1, c2 (2 x H200), one list per GPU pinned to its own half of the host's cores (gpu_lists.sh):
+#     GPU 0 the whole-GPU bests of 2026-11-27_packed at seq 1024 (fast b32 nothing recomputed, Unsloth b32 its
+#           checkpointing off) profiled one after the other (MFU 62% asked of fast on an H200: where each step's
+#           time goes), then issue 34's Qwen2.5-7B against Unsloth's best in rounds;
+#     GPU 1 fixed-length rows at seq 2048 within 22 GiB, fast and hf searched in one sweep (2.19x in
+#           2026-11-27_each, 2.2x asked);
+#   h1 (one H100): the whole GPU at seq 1024, `+experiment=tune backend=fast,unsloth gpu=auto` (the H100's 1.10x over
+#         Unsloth was last measured before fast captured its layers as graphs).
 # Each call runs each list from the top; a search cut by a call's time limit is resumed by the next call (the same
 # hydra.sweep.dir: its finished cells are read back, not run again).
-#   LIMIT_S=540 bash docs/runs/scripts/2026-11-27_h100.sh <commit> c1|c2|c3|p1   (carry .whl .whl_unsloth .gpudata)
+#   LIMIT_S=530 bash docs/runs/scripts/2026-11-27_h100.sh <commit> c1|c2|h1   (carry .whl .whl_unsloth .gpudata)
 set -u
 LIMIT_S=${LIMIT_S:-540}; source "$(dirname "$0")/device_setup.sh" "$@"  # wheels, ShareGPT, environment, t0
 source "$(dirname "$0")/gpu_lists.sh" "$@"  # /tmp/runs, the clocks, left, sweep, pinned, rounds, pack_call
 cell="-m +experiment=seed_optimum train.max_steps=14 train.untimed_steps=4 gpu=a10 seq_len=1024"
+whole="-m +experiment=seed_optimum train.max_steps=16 train.untimed_steps=4 train.profile_steps=2 gpu=auto seq_len=1024"
 first() {
-  if [ ! -f $R/gpu_tests.txt ]; then
-    CUDA_VISIBLE_DEVICES=0 timeout 240 python3 -m pytest -q -m gpu tests/test_graphs.py tests/test_packed_attention.py \
-      > $R/gpu_tests.txt 2>&1; tail -1 $R/gpu_tests.txt; fi
-  sweep 0 whole_s1024 $tune_cells backend=fast,unsloth gpu=auto seq_len=1024 || return
+  sweep 0 prof_whole_fast $whole backend=fast batch=32 train.gradient_checkpointing=false || return
+  sweep 0 prof_whole_unsloth $whole backend=unsloth batch=32 train.gradient_checkpointing=false || return
   rounds 0 qwen qwen2.5-7b 2 "fast: backend=fast batch=4 train.gradient_checkpointing=false | \
     unsloth: backend=unsloth batch=4 train.gradient_checkpointing=false"; }
-second() {
-  sweep 1 fixed_s2048 $tune_cells backend=fast,hf gpu=a10 seq_len=2048 || return
-  sweep 1 whole_s512 $tune_cells backend=fast,unsloth gpu=auto seq_len=512; }
-whole="-m +experiment=seed_optimum train.max_steps=16 train.untimed_steps=4 train.profile_steps=2 gpu=auto seq_len=1024"
-profiled() {
-  sweep 0 prof_whole_fast $whole backend=fast batch=32 train.gradient_checkpointing=false || return
-  sweep 0 prof_whole_unsloth $whole backend=unsloth batch=32 train.gradient_checkpointing=false; }
-if [ $call = p1 ]; then profiled
+second() { sweep 1 fixed_s2048 $tune_cells backend=fast,hf gpu=a10 seq_len=2048; }
+h100() { sweep 0 whole_s1024 $tune_cells backend=fast,unsloth gpu=auto seq_len=1024; }
+if [ $call = h1 ]; then h100
 else (pinned 0 first) & (pinned 1 second) & wait; fi
 for g in 0 1; do [ -f $R/log_$g.txt ] && grep -h "^gpu $g .*exit\|^\[search\] best\|captured" $R/log_$g.txt | tail -8; done
 pack_call $2
