@@ -11,11 +11,11 @@
 #           time goes), then issue 34's Qwen2.5-7B against Unsloth's best in rounds;
 #     GPU 1 fixed-length rows at seq 2048 within 22 GiB, fast and hf searched in one sweep (2.19x in
 #           2026-11-27_each, 2.2x asked);
-#   h1 (one H100): the whole GPU at seq 1024, `+experiment=tune backend=fast,unsloth gpu=auto` (the H100's 1.10x over
+#   h1, h2 (one H100): the whole GPU at seq 1024, then at seq 512, `+experiment=tune backend=fast,unsloth gpu=auto` (the H100's 1.10x over
 #         Unsloth was last measured before fast captured its layers as graphs).
 # Each call runs each list from the top; a search cut by a call's time limit is resumed by the next call (the same
 # hydra.sweep.dir: its finished cells are read back, not run again).
-#   LIMIT_S=530 bash docs/runs/scripts/2026-11-27_h100.sh <commit> c1|c2|h1   (carry .whl .whl_unsloth .gpudata)
+#   LIMIT_S=530 bash docs/runs/scripts/2026-11-27_h100.sh <commit> c1|c2|h1|h2   (carry .whl .whl_unsloth .gpudata)
 set -u
 LIMIT_S=${LIMIT_S:-540}; source "$(dirname "$0")/device_setup.sh" "$@"  # wheels, ShareGPT, environment, t0
 source "$(dirname "$0")/gpu_lists.sh" "$@"  # /tmp/runs, the clocks, left, sweep, pinned, rounds, pack_call
@@ -27,7 +27,8 @@ first() {
   rounds 0 qwen qwen2.5-7b 2 "fast: backend=fast batch=4 train.gradient_checkpointing=false | \
     unsloth: backend=unsloth batch=4 train.gradient_checkpointing=false"; }
 second() { sweep 1 fixed_s2048 $tune_cells backend=fast,hf gpu=a10 seq_len=2048; }
-h100() { sweep 0 whole_s1024 $tune_cells backend=fast,unsloth gpu=auto seq_len=1024; }
+h100() { sweep 0 whole_s1024 $tune_cells backend=fast,unsloth gpu=auto seq_len=1024 || return
+  sweep 0 whole_s512 $tune_cells backend=fast,unsloth gpu=auto seq_len=512; }
 if [ $call = h1 ]; then h100
 else (pinned 0 first) & (pinned 1 second) & wait; fi
 for g in 0 1; do [ -f $R/log_$g.txt ] && grep -h "^gpu $g .*exit\|^\[search\] best\|captured" $R/log_$g.txt | tail -8; done
