@@ -29,7 +29,8 @@ first() {
 second() { sweep 1 fixed_s2048 $tune_cells backend=fast,hf gpu=a10 seq_len=2048; }
 h100() { sweep 0 whole_s1024 $tune_cells backend=fast,unsloth gpu=auto seq_len=1024 || return
   sweep 0 whole_s512 $tune_cells backend=fast,unsloth gpu=auto seq_len=512; }
-if [ $call = h1 ]; then h100
-else (pinned 0 first) & (pinned 1 second) & wait; fi
+# (at 9053ed3 this read `[ $call = h1 ]`: the call h2 ran the 2 x H200 lists on the H100 instead of resuming the search)
+case $call in h*) h100 ;;
+*) (pinned 0 first) & (pinned 1 second) & wait ;; esac
 for g in 0 1; do [ -f $R/log_$g.txt ] && grep -h "^gpu $g .*exit\|^\[search\] best\|captured" $R/log_$g.txt | tail -8; done
 pack_call $2
