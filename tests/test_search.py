@@ -309,6 +309,30 @@ def test_backends_table_and_answer_compare_best_against_best():
     assert answer(results, []) == ""
 
 
+def test_the_answer_names_a_search_of_which_no_cell_ran_and_why():
+    """A backend whose search ran no cell (every cell out of memory, or the sweep cut before one finished) is
+    named in the answer with its search's reason, not left out of the comparison; where that backend is hf, the
+    answer says there is no ratio to the plain HF recipe because of it (not that hf was never asked for)."""
+    from lorabench.analysis import answer
+    from lorabench.search import SearchRecord, Trial
+
+    fast = [cell(0, "fast", 16, 0, 19000)]
+    cut = "the sweep stopped after cell 1 (SIGINT)"
+    unsloth = SearchRecord("backend=unsloth", ["backend=unsloth"], "unsloth", 22.0, 512, 12,
+                           [Trial("unsloth checkpointing off", 16, "interrupted", None, 66.0, 1)], None,
+                           f"no cell fitted or ran among the 1 measured; cut short: {cut}", {}, cut_short=cut)
+    hf = SearchRecord("backend=hf", ["backend=hf"], "hf", 22.0, 512, 12,
+                      [Trial("ckpt 1 offload 0", 64, "oom", None, 22.5, 2)], None,
+                      "no cell fitted or ran among the 1 measured", {})
+    first, last = answer(fast, [record("backend=fast", fast, fast[0]), unsloth]).split("\n\n")
+    assert first.startswith("On NVIDIA H100 80GB HBM3 (gpu=a10) within 22 GiB at seq 512: fastest is fast b16")
+    assert last == f"backend=unsloth: no cell of its search ran: no cell fitted or ran among the 1 measured; cut short: {cut}."
+    text = answer(fast, [record("backend=fast", fast, fast[0]), hf])
+    assert "; no cell of hf's search ran, so no ratio to the plain HF recipe (why: below)." in text
+    assert text.endswith("backend=hf: no cell of its search ran: no cell fitted or ran among the 1 measured.")
+    assert "no hf search among these cells" not in text
+
+
 def test_two_failed_cells_in_a_row_stop_a_search():
     calls = []
 

@@ -451,6 +451,8 @@ def answer(results: list[CellResult], searches) -> str:
         elif hf is not None:
             text += (f", {best.metrics[TOK] / hf.metrics[TOK]:.2f}x the plain HF recipe's best (hf {layout_name(hf)}, "
                      f"{hf.metrics[TOK]:,.0f} tok/s)")
+        elif any(s.backend == "hf" and s.best is None for s in searches):
+            text += "; no cell of hf's search ran, so no ratio to the plain HF recipe (why: below)"
         else:
             # (a sweep cut short may not have reached hf's search: the same command resumes it)
             text += "; no hf search among these cells for the ratio (add backend=hf, or resume a sweep cut short)"
@@ -463,6 +465,9 @@ def answer(results: list[CellResult], searches) -> str:
                      f"{layout_name(z)} at {z.metrics[TOK]:,.0f} tok/s"
                      + (f", {z.metrics[TOK] / hf.metrics[TOK]:.2f}x" if hf is not None else ""))
         lines.append(text + ".")
+    # a search with no cell that ran (all out of memory, failed, or cut short before one finished) is named, not
+    # left out: its backend would otherwise be missing from the comparison without a word
+    lines += [f"{s.name}: no cell of its search ran: {s.why}." for s in searches if s.best is None]
     return "\n\n".join(lines)
 
 
