@@ -82,8 +82,8 @@ def test_every_step_holds_a_full_batch_where_the_data_has_one(tmp_path):
     from conftest import compose_cfg
     from lorabench.loop import training_arguments
 
-    r = run_in_process(["data=synthetic", "data.max_samples=10", "batch=4", "train.max_steps=5",
-                        "train.untimed_steps=2"], tmp_path)
+    r = run_in_process(["data=synthetic", "data.max_samples=10", "batch=4", "seq_len=64", "train.max_steps=5",
+                        "train.untimed_steps=2"], tmp_path)  # short rows: the step's size is what is checked
     assert r.ok, r.error
     assert [s["samples"] for s in read_steps(tmp_path)] == [4] * 5
     c = OmegaConf.to_object(compose_cfg(["batch=4", "train.nproc=2"]))
