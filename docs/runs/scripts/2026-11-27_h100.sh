@@ -11,8 +11,8 @@
 #           time goes), then issue 34's Qwen2.5-7B against Unsloth's best in rounds;
 #     GPU 1 fixed-length rows at seq 2048 within 22 GiB, fast and hf searched in one sweep (2.19x in
 #           2026-11-27_each, 2.2x asked);
-#   h1, h2 (one H100): the whole GPU at seq 1024, then at seq 512, `+experiment=tune backend=fast,unsloth gpu=auto` (the H100's 1.10x over
-#         Unsloth was last measured before fast captured its layers as graphs).
+#   h1, h2 (one H100): the whole GPU at seq 1024, then at seq 512, `+experiment=tune backend=fast,unsloth gpu=auto`
+#         (the H100's 1.10x over Unsloth was last measured before fast captured its layers as graphs).
 # Each call runs each list from the top; a search cut by a call's time limit is resumed by the next call (the same
 # hydra.sweep.dir: its finished cells are read back, not run again).
 #   LIMIT_S=530 bash docs/runs/scripts/2026-11-27_h100.sh <commit> c1|c2|h1|h2   (carry .whl .whl_unsloth .gpudata)
