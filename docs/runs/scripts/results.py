@@ -1741,8 +1741,7 @@ def verdict(x: float, target: float) -> str:
 
 def last_h100_text() -> str:
     """fast's whole-H100 search of LAST against its best before graphs, and why Unsloth's is missing."""
-    (fs,) = [s for s in load_searches(RUNS / LAST_H100 / "whole_s1024") if s.backend == "fast"]
-    hbest = each_bests("whole_s1024", LAST_H100)["fast"][1]
+    fs, hbest = each_bests("whole_s1024", LAST_H100)["fast"]
     hfast = hbest.metrics
     old = {b: four_best(f"m7_s1024_auto_{b}", b, H100) for b in ("fast", "unsloth")}
     cut = [r for r in search_cells("whole_s1024", LAST_H100) if r.config["backend"]["name"] == "unsloth"]
@@ -1768,7 +1767,6 @@ def last_section() -> str:
     h200 = RUNS / LAST_H200
     pair = last_pair()
     f, u = (pair[k].metrics for k in ("m7 fast", "m7 unsloth"))
-    cells, found = search_cells("fixed_s2048", LAST_H200), load_searches(h200 / "fixed_s2048")
     s2048, before = each_bests("fixed_s2048", LAST_H200), each_bests("fixed_s2048")
     hf_x, was = each_ratios(s2048)["hf"], each_ratios(before)["hf"]
     p50_x = an.p50_tokens_per_s(s2048["fast"][1].metrics) / an.p50_tokens_per_s(s2048["hf"][1].metrics)
@@ -1798,8 +1796,7 @@ def last_section() -> str:
         f"({f['gpu/power_mean_w']:.0f} W mean, {f['gpu/power_max_w']:.0f} W at most), "
         f"{100 * u['gpu/power_capped_frac']:.0f}% of Unsloth's. **Issue 35's 62% MFU on an H200: "
         f"{verdict(f['perf/mfu_pct'], 62)}** (the profile above says where the time goes).",
-        "**fixed-length rows, seq 2048, within 22 GiB** (fixed_s2048): " + an.answer(cells, found),
-        an.backend_table(cells, an.axes(cells), found),
+        *answers(LAST_H200, {"fixed_s2048": "fixed-length rows, seq 2048, within 22 GiB"}),
         f"**fast's best over hf's best at seq 2048: {hf_x:.3f}x ({p50_x:.3f}x at the median step), 2.2x asked: "
         f"{verdict(hf_x, 2.2)}** ({was:.3f}x in {where('each')}; hf's best {tok(s2048)} tok/s here, {tok(before)} "
         "there); both searches chose the layouts they chose there.",
@@ -2410,9 +2407,12 @@ def model_search_section() -> str:
 ORDINALS = ("first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth", "tenth")
 
 
-def where(section: str) -> str:
-    """docs/results.md's <ordinal> section: the place of `section` in SECTIONS (the order the page is written in)."""
-    return f"docs/results.md's {ORDINALS[list(SECTIONS).index(section)]} section"
+def where(*sections: str) -> str:
+    """docs/results.md's <ordinal> section(s): the places of `sections` in SECTIONS (the order the page is written
+    in), first first."""
+    order = list(SECTIONS)
+    names = [ORDINALS[order.index(x)] for x in sorted(set(sections), key=order.index)]
+    return f"docs/results.md's {', '.join(names)} section" + "s" * (len(names) > 1)
 
 
 def glance() -> str:
@@ -2426,9 +2426,8 @@ def glance() -> str:
     for run, calls, sec in ((PACKED, ("c1", "c2", "c3"), "packed"), (LAST_H200, ("c1",), "last"), (LAST_H100, ("h2",), "last")):
         for m, x in each_rounds(run, calls)[1].items():
             er[m] = er.get(m, []) + x
-            secs[m] = secs.get(m, []) + ([sec] if sec not in secs.get(m, []) else [])
-    er_at = {m: where(v[0]) if len(v) == 1 else "docs/results.md's " + ", ".join(
-        where(k).split("'s ")[1].split()[0] for k in sorted(v, key=list(SECTIONS).index)) + " sections" for m, v in secs.items()}
+            secs[m] = secs.get(m, []) + [sec]
+    er_at = {m: where(*v) for m, v in secs.items()}
     packed = {n: each_ratios(each_bests(n, PACKED)) for n in PACKED_SEARCHES if n.startswith("packed")}
     pbest = {n: each_bests(n, PACKED)["fast"][1].metrics for n in packed}
     whole = {k: v[1].metrics for k, v in each_bests("whole_s1024", PACKED).items()}
