@@ -6,7 +6,8 @@
 #      time goes);
 #   2. the whole GPU at seq 1024, fast and Unsloth searched in one sweep (issue 35's 1.10x on an H100: fast's half
 #      was searched in 2026-11-27_h100 on another machine, Unsloth's was cut by the call's limit);
-#   3. issue 34's Llama-3.1-8B, fast's defaults against Unsloth's best (both b4, nothing recomputed), in rounds.
+#   3. issue 34's Llama-3.1-8B, fast's defaults against Unsloth's best (both b4, nothing recomputed), in rounds;
+#   h4 (the lend's last minutes): Qwen2.5-7B's rounds likewise, alone on an H100.
 #   LIMIT_S=560 bash docs/runs/scripts/2026-11-27_h100b.sh <commit> h1|h2|h3   (carry .whl .whl_unsloth .gpudata)
 set -u
 LIMIT_S=${LIMIT_S:-540}; source "$(dirname "$0")/device_setup.sh" "$@"  # wheels, ShareGPT, environment, t0
@@ -19,6 +20,8 @@ list() {
   sweep 0 whole_s1024 $tune_cells backend=fast,unsloth gpu=auto seq_len=1024 || return
   rounds 0 llama llama-3.1-8b 2 "fast: backend=fast batch=4 train.gradient_checkpointing=false | \
     unsloth: backend=unsloth batch=4 train.gradient_checkpointing=false"; }
-list
+qwen() { rounds 0 qwen qwen2.5-7b 2 "fast: backend=fast batch=4 train.gradient_checkpointing=false | \
+    unsloth: backend=unsloth batch=4 train.gradient_checkpointing=false"; }
+case $call in h4) qwen ;; *) list ;; esac
 grep -h "^gpu 0 .*exit\|^\[search\] best\|^\[backend=.*best" $R/log_0.txt | tail -12
 pack_call $2
