@@ -14,6 +14,8 @@ import re
 import sys
 from pathlib import Path
 
+import yaml
+
 from lorabench import analysis as an
 from lorabench import plots
 from lorabench.config import ReportConfig
@@ -1814,6 +1816,101 @@ def last_section() -> str:
         "Table: " + cmd("last")])
 
 
+H100B = "2026-11-27_h100b"  # 2026-11-27_h100b.sh e8e9497 h1, h2, h3, 73f520a h4: one H100, one lend, four calls
+H100B_CALLS = ("h2", "h3", "h4")  # the calls that ran rounds (h2's Llama round: its Unsloth cell ended just in time)
+
+
+def bandwidth_gbs(gpu: str) -> float:
+    """conf/gpu's memory bandwidth of a GPU (GB/s, the datasheet's)."""
+    return yaml.safe_load((REPO / "conf" / "gpu" / f"{gpu}.yaml").read_text())["memory_bandwidth_gbs"]
+
+
+def recomputed(t: dict) -> str:
+    """A cell's recomputed layers in words, from its train config."""
+    f = t["checkpoint_fraction"] if t["gradient_checkpointing"] else 0
+    return {0: "nothing recomputed", 1: "every layer recomputed"}.get(f, f"{f:g} of the layers recomputed")
+
+
+def s2048_pair() -> dict:
+    """Fixed rows at seq 2048 within 22 GiB: the bests of LAST's H200 search profiled on H100B's H100, and hf's same
+    layout profiled on an H200 in FLEX (commit 7702139), labelled for the tables."""
+    pair = {}
+    for b in ("fast", "hf"):
+        r = run_cell(H100B, f"prof_s2048_{b}")
+        t = r.config["train"]
+        r.label = f"H100, {b} b{r.config['batch']}, {recomputed(t)}"
+        pair[f"h100 {b}"] = r
+    h = flex_profiles()["s2048_hf"]
+    h.label = f"H200 (commit 7702139), hf b{h.config['batch']}, {recomputed(h.config['train'])}"
+    return {**pair, "h200 hf": h}
+
+
+def s2048_text(p: dict) -> str:
+    """Where fast's and hf's seq-2048 steps go per 1,000 tokens on an H100 and hf's on an H200: why the same two
+    layouts give a larger ratio on the H100 than the H200's 2.2x target measured."""
+    k = {key: per_1k_nonpad(r) for key, r in p.items()}
+    table = an.md_table(["ms per 1,000 non-pad tokens (profiled step)", *an.CATEGORIES, "sum"],
+                        [[p[key].label, *[f"{k[key][c]:.1f}" for c in an.CATEGORIES], f"{sum(k[key].values()):.1f}"]
+                         for key in k])
+    f, h, h2 = (p[key].metrics for key in ("h100 fast", "h100 hf", "h200 hf"))
+    x = f["perf/tokens_per_s"] / h["perf/tokens_per_s"]
+    x200 = each_ratios(each_bests("fixed_s2048", LAST_H200))["hf"]
+    el, el2 = k["h100 hf"]["elementwise"], k["h200 hf"]["elementwise"]
+    ms = lambda b: 1e6 / each_bests("fixed_s2048", LAST_H200)[b][1].metrics["perf/tokens_per_s"]  # noqa: E731
+    return "\n".join([table, "",
+        f"On the H100 the two layouts run at {f['perf/tokens_per_s']:,.0f} and {h['perf/tokens_per_s']:,.0f} tok/s: "
+        f"fast / hf {x:.2f}x ({an.p50_tokens_per_s(f) / an.p50_tokens_per_s(h):.2f}x at the median step), against "
+        f"{x200:.3f}x for the same two layouts searched on the H200 ({where('last')}). hf's step is "
+        f"{100 * h['prof/elementwise_frac']:.0f}% elementwise work (its profile.txt: copies and casts, multiplies, adds and "
+        f"the LoRA dropout around its matmuls, each layer's forward run twice): {el:.1f} ms per 1,000 tokens on the H100, {el2:.1f} on the H200, "
+        f"{el / el2:.2f}x, where the two GPUs' memory bandwidths differ {bandwidth_gbs('h200') / bandwidth_gbs('h100'):.2f}x "
+        f"and their matmuls ({k['h100 hf']['matmul']:.1f} and {k['h200 hf']['matmul']:.1f} ms) do not. fast's step "
+        f"is {100 * f['prof/matmul_frac']:.0f}% matmuls and {100 * f['prof/elementwise_frac']:.0f}% elementwise "
+        "work, so the H200's memory speeds hf's best more than fast's: the same two cells are further apart on the "
+        f"H100. **2.2x over hf's best at seq 2048: {verdict(x, 2.2)} on the H100 (with the H200 search's layouts, not "
+        f"searched on the H100), {verdict(x200, 2.2)} on the H200 ({x200:.3f}x).** On the H200 fast's best would need "
+        f"{ms('hf') / 2.2:.1f} ms per 1,000 tokens instead of {ms('fast'):.1f}; on the H100 its profiled step waits "
+        f"{k['h100 fast']['idle']:.1f} ms per 1,000 tokens ({100 * f['prof/idle_frac']:.0f}%) outside its kernels."])
+
+
+def h100b_section() -> str:
+    """Issue 35's whole H100 with fast and Unsloth searched in one sweep, the seq-2048 bests profiled on an H100;
+    issue 34's Llama-3.1-8B and Qwen2.5-7B against Unsloth's best in rounds alone on the H100."""
+    d = RUNS / H100B
+    b = each_bests("whole_s1024", H100B)
+    f, u = (b[k][1].metrics for k in ("fast", "unsloth"))
+    cut = [k for k, (s, _) in b.items() if s.cut_short]
+    lead = f["perf/tokens_per_s"] / u["perf/tokens_per_s"]
+    rounds, by_model = each_rounds(H100B, H100B_CALLS)
+    return "\n\n".join([
+        f"### The whole H100 with fast and Unsloth searched in one sweep; the seq-2048 bests profiled on an H100; "
+        f"Llama-3.1-8B and Qwen2.5-7B in rounds (one {csv_gpu(d / 'gpu_h1.csv')}, commits e8e9497, 73f520a)",
+        "`bash docs/runs/scripts/2026-11-27_h100b.sh`, one H100, one list resumed call after call: the two bests of "
+        f"the seq-2048 search of {where('last')} profiled one after the other (16 steps: 4 untimed, 2 profiled, 10 timed, "
+        "within 22 GiB), then `python train.py +experiment=tune backend=fast,unsloth gpu=auto seq_len=1024` (14 steps "
+        "of which 4 untimed, at most 10 measured cells per backend, the whole GPU), then Llama-3.1-8B's rounds and "
+        "(h4) Qwen2.5-7B's. Mistral-7B nf4, LoRA r16 q/k/v/o, dropout 0.05, random weights.",
+        *answers(H100B, {"whole_s1024": "the whole H100, seq 1024"}),
+        f"**fast's best over Unsloth's best on the whole H100: {lead:.3f}x "
+        f"({an.p50_tokens_per_s(f) / an.p50_tokens_per_s(u):.3f}x at the median step), 1.10x asked: "
+        f"{verdict(lead, 1.10)}**, in one sweep on one GPU" + (f" (cut short: {', '.join(cut)})" if cut else
+        ", both searches finished") + f"; fast at {f['perf/mfu_pct']:.1f}% MFU, {f['mem/peak_reserved_gib']:.1f} GiB.",
+        "Fixed-length rows at seq 2048 within 22 GiB, the H200 search's two bests profiled on the H100 (below, the "
+        "H200's hf row is the same hf layout profiled in an earlier run):",
+        split_table([r for key, r in s2048_pair().items() if key.startswith("h100")]),
+        s2048_text(s2048_pair()),
+        "Issue 34's two models against Unsloth's best (both b4, nothing recomputed, 22 GiB, seq 1024), one round after "
+        "the other, alone on the H100:",
+        an.md_table(["model", "call", "round", "fast tok/s", "fast MFU %", "Unsloth's best tok/s",
+                     "Unsloth GPU busy %", "ratio"], rounds),
+        "Per model: " + "; ".join(f"{m} {min(x):.4f}-{max(x):.4f}x, {sum(v >= 1.15 for v in x)} of {len(x)} rounds "
+                                  "at or over 1.15x" for m, x in by_model.items()) + ".",
+        f"Run dir: [runs/{H100B}](runs/{H100B}) (`LIMIT_S=560 bash docs/runs/scripts/2026-11-27_h100b.sh e8e9497 h1`, "
+        "`... h2`, `LIMIT_S=540 ... h3`, `LIMIT_S=390 ... 73f520a h4`; the list's output in log_0.txt, the clocks in "
+        "gpu_*.csv; each sweep's results.md written again after the run by `python bench.py sweep_dir=<dir>`). "
+        "Table: " + cmd("h100b")])
+
+
 def searched_section() -> str:
     """Issue 34's two missed bests measured again (every layer captured, three kernel changes), fast with graphs
     searched (issue 35), on one 4 x H200 machine."""
@@ -2423,7 +2520,8 @@ def glance() -> str:
     best = {n: b["fast"][1].metrics for n, b in bests.items()}
     _, er = each_rounds()
     secs = {m: ["each"] for m in er}  # the sections each model's rounds come from
-    for run, calls, sec in ((PACKED, ("c1", "c2", "c3"), "packed"), (LAST_H200, ("c1",), "last"), (LAST_H100, ("h2",), "last")):
+    for run, calls, sec in ((PACKED, ("c1", "c2", "c3"), "packed"), (LAST_H200, ("c1",), "last"), (LAST_H100, ("h2",), "last"),
+                           (H100B, H100B_CALLS, "h100b")):
         for m, x in each_rounds(run, calls)[1].items():
             er[m] = er.get(m, []) + x
             secs[m] = secs.get(m, []) + [sec]
@@ -2431,6 +2529,7 @@ def glance() -> str:
     packed = {n: each_ratios(each_bests(n, PACKED)) for n in PACKED_SEARCHES if n.startswith("packed")}
     pbest = {n: each_bests(n, PACKED)["fast"][1].metrics for n in packed}
     whole = {k: v[1].metrics for k, v in each_bests("whole_s1024", PACKED).items()}
+    h100 = {k: v[1].metrics for k, v in each_bests("whole_s1024", H100B).items()}
     sc = searched_rounds(searched_cells())
     sr = {m: [float(r[6][:-1]) for r in sc if r[0] == m and r[6] != "-"] for m in SEARCHED_MODELS.values()}
     bc = bests_run()[0]
@@ -2461,8 +2560,10 @@ def glance() -> str:
         "rounds give the highest ratios). Over hf's best in one run per model: "
         + "; ".join(f"{m} {bx(k, 'hf', 2)}" for k, m in BESTS_MODELS.items()) + f" ({where('bests')}). "
         "Mistral-7B on the whole GPU, both searched in one sweep: "
-        f"{whole['fast']['perf/tokens_per_s'] / whole['unsloth']['perf/tokens_per_s']:.2f}x Unsloth's best at seq 1024 "
-        f"({whole['fast']['perf/mfu_pct']:.1f}% MFU; {where('packed')}); both bests in one run at seq 512: "
+        f"{whole['fast']['perf/tokens_per_s'] / whole['unsloth']['perf/tokens_per_s']:.2f}x Unsloth's best on an H200 at seq 1024 "
+        f"({whole['fast']['perf/mfu_pct']:.1f}% MFU; {where('packed')}), and on the whole H100 "
+        f"{h100['fast']['perf/tokens_per_s'] / h100['unsloth']['perf/tokens_per_s']:.2f}x ({h100['fast']['perf/mfu_pct']:.1f}% "
+        f"MFU; {where('h100b')}); both bests in one run at seq 512: "
         + ", ".join(f"{g.metrics['perf/tokens_per_s'] / u.metrics['perf/tokens_per_s']:.2f}x "
                     f"({g.metrics['perf/mfu_pct']:.1f}% MFU)" for q, (g, u) in bw.items() if q == 512)
         + f" ({where('bests')}; issue 35 asks 1.10x and 62%).",
@@ -2499,12 +2600,12 @@ seq 2048), and Unsloth two batch sizes with every layer recomputed (its own defa
 those cells, not against their best: hf with fewer layers recomputed or a larger batch may be faster (at seq 512 its
 batch 16 also fits in 22 GiB, see "What fits" below), and so may Unsloth with fewer layers recomputed.
 
-## Newest: the whole-GPU bests profiled side by side, fixed rows at seq 2048 searched again, fast searched on the whole H100, Qwen2.5-7B on an H200 and an H100 (55d5f2d, 9053ed3); packed rows captured as CUDA graphs, each backend searched on packed ShareGPT at seq 512, 1024 and 2048 and on the whole GPU, Qwen2.5-7B against Unsloth's best again (077e803); each backend searched in one command on fixed-length rows at seq 512, 1024 and 2048 and on packed ShareGPT, fast with its layers as CUDA graphs by default, Llama-3.1-8B and Qwen2.5-7B against Unsloth's best again (76bf84f); Qwen2.5-7B and Gemma-2-9B against Unsloth's best again, fast with graphs searched (2eaaca1, 61b4afc, 7939db1); recomputed layers captured too (bd3db68); each backend's best in one run per model, fast's layers as CUDA graphs, the whole GPU with graphs (8fd5be1); issue 34's four models with their layers replayed as chained CUDA graphs (7e37edc, 1a5bb50, f39a56e); Qwen2.5-7B's best with its layers replayed as CUDA graphs (ae17285); fewer host launches per decoder layer, the missed bests on three machines (fb80e4e, f456dd2); the L4 source cell's memory and the source's recipe (a5f98af, 6240b39); where fast's host time goes on the missed bests, measured again (54da436, 818a2d8); the whole H100, the missed bests profiled side by side, the L4 cell alone and its memory (dfa9325, 44e073d); Gemma-2 with flex attention, Unsloth on packed rows, hf's bests profiled, the L4 check (7702139); what the searches still missed, the bests profiled (8867807); each backend searched per model on one 4 x H200 machine (669aa8c); the loss head, fast and Unsloth searched again (b93a4ae, 06130bd); hf, fast and Unsloth each searched (commit 6a9ca22); each model's searched best, Llama-3.3-70B (3bc030e), searched bests of Mistral-7B (c836200, 50f810d)"""
+## Newest: the whole H100 with fast and Unsloth searched in one sweep, the seq-2048 bests profiled on an H100, Llama-3.1-8B and Qwen2.5-7B in rounds on an H100 (e8e9497, 73f520a); the whole-GPU bests profiled side by side, fixed rows at seq 2048 searched again, fast searched on the whole H100, Qwen2.5-7B on an H200 and an H100 (55d5f2d, 9053ed3); packed rows captured as CUDA graphs, each backend searched on packed ShareGPT at seq 512, 1024 and 2048 and on the whole GPU, Qwen2.5-7B against Unsloth's best again (077e803); each backend searched in one command on fixed-length rows at seq 512, 1024 and 2048 and on packed ShareGPT, fast with its layers as CUDA graphs by default, Llama-3.1-8B and Qwen2.5-7B against Unsloth's best again (76bf84f); Qwen2.5-7B and Gemma-2-9B against Unsloth's best again, fast with graphs searched (2eaaca1, 61b4afc, 7939db1); recomputed layers captured too (bd3db68); each backend's best in one run per model, fast's layers as CUDA graphs, the whole GPU with graphs (8fd5be1); issue 34's four models with their layers replayed as chained CUDA graphs (7e37edc, 1a5bb50, f39a56e); Qwen2.5-7B's best with its layers replayed as CUDA graphs (ae17285); fewer host launches per decoder layer, the missed bests on three machines (fb80e4e, f456dd2); the L4 source cell's memory and the source's recipe (a5f98af, 6240b39); where fast's host time goes on the missed bests, measured again (54da436, 818a2d8); the whole H100, the missed bests profiled side by side, the L4 cell alone and its memory (dfa9325, 44e073d); Gemma-2 with flex attention, Unsloth on packed rows, hf's bests profiled, the L4 check (7702139); what the searches still missed, the bests profiled (8867807); each backend searched per model on one 4 x H200 machine (669aa8c); the loss head, fast and Unsloth searched again (b93a4ae, 06130bd); hf, fast and Unsloth each searched (commit 6a9ca22); each model's searched best, Llama-3.3-70B (3bc030e), searched bests of Mistral-7B (c836200, 50f810d)"""
 CURRENT = """## hf, fast and Unsloth on the same rows (commit 22c8b76)
 
 Unsloth runs only on the fixed-length rows: its patched attention is not known to keep packed samples apart."""
 
-SECTIONS = {"last": last_section, "packed": packed_section, "each": each_section, "searched": searched_section, "recompute": recompute_section, "bests": bests_section, "chain": chain_section, "graphs": graphs_section, "lean": lean_section, "l4mem": l4mem_section, "host": host_section, "h100": h100_section, "flex": flex_section, "gaps": gaps_section, "four": four_section, "head": head_section, "best3": best3_section, "model_search": model_search_section, "search512": lambda: search_section(512), "search1024": lambda: search_section(1024),
+SECTIONS = {"h100b": h100b_section, "last": last_section, "packed": packed_section, "each": each_section, "searched": searched_section, "recompute": recompute_section, "bests": bests_section, "chain": chain_section, "graphs": graphs_section, "lean": lean_section, "l4mem": l4mem_section, "host": host_section, "h100": h100_section, "flex": flex_section, "gaps": gaps_section, "four": four_section, "head": head_section, "best3": best3_section, "model_search": model_search_section, "search512": lambda: search_section(512), "search1024": lambda: search_section(1024),
             "models": models_section, "moe": moe_section, "s512": lambda: budget_section(512), "s1024": lambda: budget_section(1024),
             "s2048": lambda: budget_section(2048), "whole": whole_section, "profile": profile_section,
             "loss": loss_section, "seed_grid": seed_grid_section, "packing": packing_section,
