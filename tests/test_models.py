@@ -218,7 +218,7 @@ def checkpoints(tmp_path_factory):
 @pytest.mark.parametrize("model_type", sorted(CHECKPOINTS))
 def test_hf_trains_every_architecture(model_type, checkpoints, tmp_path, monkeypatch):
     """One hf cell on the checkpoint: ok, the loss falls (the same 4 rows every step: they are
-    learnt), LoRA on q/k/v/o (Phi-3: its fused qkv_proj and o_proj) and the trainable count is
+    learnt), its attention the one that computes the architecture's model, LoRA on q/k/v/o (Phi-3: its fused qkv_proj and o_proj) and the trainable count is
     r x (in + out) per adapted projection and layer."""
     path = checkpoints / f"tiny-{model_type}"
     built = spy(monkeypatch, modeling, "apply_lora")
@@ -228,6 +228,9 @@ def test_hf_trains_every_architecture(model_type, checkpoints, tmp_path, monkeyp
     assert r.model["name"] == f"tiny-{model_type}"  # the checkpoint's, not the model group's
     assert r.metrics["train/loss_final"] < r.metrics["train/loss_first"]
     arch = Architecture.from_hf_config(built[0].config)
+    # the model group's sdpa has no soft-cap: Gemma-2's checkpoint runs eager, and the result says so
+    assert r.model["attention"] == built[0].config._attn_implementation \
+        == ("eager" if arch.attn_logit_softcap else "sdpa")
     adapted = {n.split(".")[-1] for n, m in built[0].named_modules() if hasattr(m, "lora_A")}
     expected = {"qkv_proj", "o_proj"} if arch.fused_qkv else {"q_proj", "k_proj", "v_proj", "o_proj"}
     assert adapted == expected

@@ -131,7 +131,8 @@ def build_model(c: Config, device: torch.device, result: CellResult):
     load_s = time.perf_counter() - t0
     params = modeling.count_params(model)
     result.model = {"name": c.model.name, "weights": weights, "load_s": load_s, **params,
-                    "checkpointed_layers": checkpointed, "offloaded_layers": offloaded}
+                    "checkpointed_layers": checkpointed, "offloaded_layers": offloaded,
+                    "attention": model.config._attn_implementation}  # what ran (modeling.attention_implementation)
     log.info("model %s (%s) at %s on %s in %.1f s: %.1fM matmul params, %.2fM trainable; backend %s, "
              "%d layers checkpointed, %d offloaded", c.model.name, weights, c.precision.name.value, device,
              load_s, params["base_matmul"] / 1e6, params["trainable"] / 1e6, c.backend.name.value, checkpointed,

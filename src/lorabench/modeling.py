@@ -1,20 +1,23 @@
 """Tokenizer, base model and LoRA adapter: the builders train.py and bench.py share.
 
 The base model comes from `model.path` (real safetensors weights) or, when that is null, from a
-random initialisation made directly on the target device: Mistral-7B's architecture without a
-14 GB download, which gives valid speed and memory figures (not quality). Quantised cells go
+random initialisation made directly on the target device: the model group's architecture without a
+multi-GB download, which gives valid speed and memory figures (not quality). Quantised cells go
 through transformers' own bitsandbytes loader in both cases, so random and real weights are
 quantised by the same code.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import torch
 
 from lorabench.config import QUANTISED, Config, LoraConfig, ModelConfig, Precision
 from lorabench.models import Architecture, architecture_of, hf_config, tokenizers
+
+log = logging.getLogger(__name__)
 
 # Precision -> dtype of the weights that stay unquantised (and of the 4/8-bit compute).
 WEIGHT_DTYPE = {
@@ -135,7 +138,21 @@ def random_init(model_cfg: ModelConfig, device: torch.device, dtype: torch.dtype
 
     with torch.device(device):
         return AutoModelForCausalLM.from_config(hf_config(model_cfg), dtype=dtype,
-                                                attn_implementation=model_cfg.attn_implementation)
+                                                attn_implementation=attention_implementation(model_cfg))
+
+
+def attention_implementation(model_cfg: ModelConfig) -> str:
+    """model.attn_implementation, except where it would compute another model: transformers' SDPA path has no
+    soft-cap, so an architecture that soft-caps its attention logits (Gemma-2: tanh(x / 50) * 50) runs eager
+    instead. conf/model/gemma-2-9b.yaml says eager itself; this covers a Gemma-2 checkpoint given by model.path
+    with another model group's default (sdpa). The fast path may replace it later (flex attention on CUDA)."""
+    asked = model_cfg.attn_implementation
+    cap = architecture_of(model_cfg).attn_logit_softcap
+    if asked == "sdpa" and cap is not None:
+        log.warning("model.attn_implementation=sdpa ignores %s's attention soft-cap (%g): eager attention instead",
+                    model_cfg.name, cap)
+        return "eager"
+    return asked
 
 
 class RandomWeight:
@@ -190,7 +207,7 @@ def build_model(cfg: Config, device: torch.device, sharded: bool = False):
         model = AutoModelForCausalLM.from_pretrained(
             str(local) if local.exists() else cfg.model.path,
             dtype=dtype, quantization_config=quant, device_map=device_map,
-            attn_implementation=cfg.model.attn_implementation,
+            attn_implementation=attention_implementation(cfg.model),
             use_safetensors=cfg.model.safetensors_only or None, trust_remote_code=cfg.model.trust_remote_code,
         )
         weights = cfg.model.path
@@ -205,7 +222,7 @@ def build_model(cfg: Config, device: torch.device, sharded: bool = False):
             model = type(skeleton).from_pretrained(
                 None, config=skeleton.config, state_dict=random_state_dict(skeleton, device), dtype=dtype,
                 quantization_config=quant, device_map=device_map,
-                attn_implementation=cfg.model.attn_implementation)
+                attn_implementation=attention_implementation(cfg.model))
         weights = "random_init"
     model.config.use_cache = False
     return model, weights
