@@ -309,6 +309,28 @@ def test_backends_table_and_answer_compare_best_against_best():
     assert answer(results, []) == ""
 
 
+def test_a_sweep_over_models_names_each_model_in_the_table_and_the_answer():
+    """`model=llama-3.1-8b,qwen2.5-7b` with backend=hf,fast: one group per model, each labelled by its model (not by
+    the GPU both share, nor by the shape keys that differ with it), and each answer names its model."""
+    from lorabench.analysis import answer, backend_table
+
+    def of(r, model, hidden):  # the model group's name and one shape key, as a composed config has them
+        r.config["model"] = {"name": model, "hidden_size": hidden}
+        return r
+
+    llama = [of(cell(0, "hf", 8, 1, 6000), "llama-3.1-8b", 4096), of(cell(1, "fast", 8, 0, 15000), "llama-3.1-8b", 4096)]
+    qwen = [of(cell(2, "hf", 8, 1, 6500), "qwen2.5-7b", 3584), of(cell(3, "fast", 8, 0, 16900), "qwen2.5-7b", 3584)]
+    searches = [record(f"backend={c.config['backend']['name']}", [c], c) for c in llama + qwen]
+    rows = [r.split(" | ") for r in backend_table(llama + qwen, ["backend", "model"], searches).splitlines()[2:]]
+    assert [(r[0].strip("| "), r[1]) for r in rows] == [("model=llama-3.1-8b", "hf"), ("model=llama-3.1-8b", "fast"),
+                                                        ("model=qwen2.5-7b", "hf"), ("model=qwen2.5-7b", "fast")]
+    first, second = answer(llama + qwen, searches).split("\n\n")
+    assert first.startswith("On NVIDIA H100 80GB HBM3 (gpu=a10) within 22 GiB at seq 512, model=llama-3.1-8b: "
+                            "fastest is fast b8 ckpt 0 offload 0 at 15,000 non-pad tok/s, 2.50x")
+    assert second.startswith("On NVIDIA H100 80GB HBM3 (gpu=a10) within 22 GiB at seq 512, model=qwen2.5-7b: "
+                             "fastest is fast b8 ckpt 0 offload 0 at 16,900 non-pad tok/s, 2.60x")
+
+
 def test_the_answer_names_a_search_of_which_no_cell_ran_and_why():
     """A backend whose search ran no cell (every cell out of memory, or the sweep cut before one finished) is
     named in the answer with its search's reason, not left out of the comparison; where that backend is hf, the

@@ -347,6 +347,22 @@ def _group(r: CellResult, axes=BACKEND_AXES) -> tuple:
                         if not k.startswith(tuple(axes)) and not k.startswith(IGNORED_KEYS)))
 
 
+def group_labels(keys: list[tuple]) -> dict[tuple, list[str]]:
+    """What tells each group of cells (_group's keys) from the others, as the overrides name it: "model=qwen2.5-7b"
+    (not its shape's keys), "gpu=a10", "seq_len=1024"; [] for every group where there is one."""
+    ds = [dict(k) for k in keys]
+    differ = sorted(n for n in {n for d in ds for n in d} if len({d.get(n) for d in ds}) > 1)
+    labels = {}
+    for key, d in zip(keys, ds):
+        parts = []
+        for n in differ:
+            head = n.split(".")[0]
+            part = f"{head}={d.get(head + '.name')}" if head in ("model", "gpu") else f"{n}={d.get(n)}"
+            parts += [part] * (part not in parts)
+        labels[key] = parts
+    return labels
+
+
 def layout_name(r: CellResult) -> str:
     """A cell's batch and layout, as the search names them: "b24 ckpt 0.5 offload 0.25",
     "b16 unsloth checkpointing offloaded"."""
@@ -394,14 +410,14 @@ def backend_table(results: list[CellResult], axes_: list[str], searches=()) -> s
     groups = defaultdict(list)
     for r in ok_cells(results):
         groups[_group(r)].append(r)
-    rows = []
-    for cells in groups.values():
+    rows, labels = [], group_labels(list(groups))
+    for key, cells in groups.items():
         plain = max(map(_dropout, cells))  # the recipe's dropout; a lower one is the opt-in extra row
         for name, dropout in dict.fromkeys((r.config["backend"]["name"], _dropout(r)) for r in cells):
             own = [r for r in cells if r.config["backend"]["name"] == name and _dropout(r) == dropout]
             best = max(own, key=lambda r: r.metrics[TOK])
             m, kind = best.metrics, rows_kind(best)
-            rows.append([f"gpu={best.config['gpu']['name']}", name + ("" if dropout == plain else
+            rows.append([", ".join(labels[key]) or f"gpu={best.config['gpu']['name']}", name + ("" if dropout == plain else
                                                                         f", lora.dropout={dropout:g} (recipe change)"),
                          kind, layout_name(best), how_found(best, own, searched), f"{m[TOK]:,.0f}",
                          f"{p50_tokens_per_s(m):,.0f}", num(m.get("perf/mfu_pct"), ".1f"),
@@ -434,16 +450,18 @@ def answer(results: list[CellResult], searches) -> str:
         for t in ([s.best] if s.best else []) + [t for t in s.dropout_zero if t.status == "ok"]:
             if t.job in by_job:
                 groups[_group(by_job[t.job])].append((s, by_job[t.job]))
-    lines = []
-    for items in groups.values():
+    lines, labels = [], group_labels(list(groups))
+    for key, items in groups.items():
         plain = max(_dropout(r) for _, r in items)
         s, best = max(((s, r) for s, r in items if _dropout(r) == plain), key=lambda x: x[1].metrics[TOK])
         hf = max((r for _, r in items if r.config["backend"]["name"] == "hf" and _dropout(r) == plain),
                  key=lambda r: r.metrics[TOK], default=None)
         budget = s.budget_gib or best.metrics.get("mem/budget_gib")
         gpu = best.config["gpu"]["name"]
+        other = [p for p in labels[key] if not p.startswith(("gpu=", "seq_len="))]  # (those two are named anyway)
         where = (f"On {(best.gpu or {}).get('device_name') or gpu} (gpu={gpu}) within "
-                 f"{f'{budget:g} GiB' if budget else 'its whole memory'} at seq {best.config['seq_len']}")
+                 f"{f'{budget:g} GiB' if budget else 'its whole memory'} at seq {best.config['seq_len']}"
+                 + (f", {', '.join(other)}" if other else ""))
         text = (f"{where}: fastest is {best.config['backend']['name']} {layout_name(best)} at "
                 f"{best.metrics[TOK]:,.0f} non-pad tok/s")
         if hf is best:
