@@ -35,7 +35,10 @@ from lorabench.models import architecture_of, tokenizers
 log = logging.getLogger(__name__)
 
 IGNORE = -100  # label value the loss skips
-FIRST_PLAIN_TOKEN = 1000  # Mistral v3 ids below this are control and byte tokens (Tekken's: control)
+# Random ids start here: Mistral's control and byte tokens (v3's, Tekken's control ones) lie below it. Llama-3's,
+# Qwen's and Phi-4's special tokens lie at the top of their vocabularies instead (Llama-3: 256 of 128,256 ids),
+# where a random id lands rarely; for speed and memory, which are all random rows measure, any id serves.
+FIRST_PLAIN_TOKEN = 1000
 BOS, EOS, INST_END = 1, 2, 4  # <s>, </s>, [/INST] in the Mistral v3 vocabulary
 REAL_TOKENS = "real_tokens"  # batch key of a packed batch's non-pad mask (for the meter, not the model)
 CACHE_VERSION = 1  # bump when tokenisation changes, so old cache files are not reused

@@ -447,7 +447,8 @@ def fixed_gib(c) -> float:
 
     a, p = architecture_of(c.model), c.precision.name  # the checkpoint's shape with model.path
     linear = a.matmul_params() - a.hidden * a.vocab  # every layer's projections (all experts), not the head
-    per_param = {Precision.nf4: 0.5 + 1 / 64, Precision.int8: 1.0 + 4 / 4096, Precision.fp32: 4.0}.get(p, 2.0)
+    # int8: one fp32 scale per output row of in_features weights (the hidden width for most projections)
+    per_param = {Precision.nf4: 0.5 + 1 / 64, Precision.int8: 1.0 + 4 / a.hidden, Precision.fp32: 4.0}.get(p, 2.0)
     experts = a.expert_params()
     linear_bytes = (linear - experts) * per_param + experts * (2.0 if p in QUANTISED else per_param)
     embed_w = 4 if c.backend.upcast_fp32 and p in QUANTISED else (4 if p is Precision.fp32 else 2)
