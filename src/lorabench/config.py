@@ -115,19 +115,19 @@ class ModelConfig:
     path: Optional[str] = None
     # Architecture for random initialisation (ignored when `path` is set: the checkpoint's own
     # config.json is used then): transformers' model_type and the config.json keys of that name.
-    model_type: str = "mistral"
+    model_type: str = MISSING
     num_hidden_layers: int = MISSING
     hidden_size: int = MISSING
     intermediate_size: int = MISSING
     num_attention_heads: int = MISSING
     num_key_value_heads: int = MISSING
     head_dim: Optional[int] = None  # null: hidden_size / num_attention_heads (Qwen2 has no such key)
-    vocab_size: int = 32768
-    rope_theta: float = 1_000_000.0
-    max_position_embeddings: int = 32768
-    rms_norm_eps: float = 1e-5
-    # Std of the random initialisation. Mistral's 0.02 caps a tiny model's logits: with hidden 128
-    # after RMSNorm, |logit| <= 0.02 * 128 = 2.6, so its loss could not fall far below ln(32768).
+    vocab_size: int = MISSING
+    rope_theta: float = MISSING
+    max_position_embeddings: int = MISSING
+    rms_norm_eps: float = MISSING
+    # Std of the random initialisation (the published models' 0.02). It caps a tiny model's logits: with hidden
+    # 128 after RMSNorm, |logit| <= 0.02 * 128 = 2.6, so its loss could not fall far below ln(32768) (tiny.yaml: 0.1).
     initializer_range: float = 0.02
     # The published config.json's other keys (rope scaling, sliding windows, soft-caps, experts, tied
     # embeddings, token ids...), passed as they are to AutoConfig.for_model(model_type, ...).
