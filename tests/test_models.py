@@ -218,8 +218,8 @@ def checkpoints(tmp_path_factory):
 @pytest.mark.parametrize("model_type", sorted(CHECKPOINTS))
 def test_hf_trains_every_architecture(model_type, checkpoints, tmp_path, monkeypatch):
     """One hf cell on the checkpoint: ok, the loss falls (the same 4 rows every step: they are
-    learnt), its attention the one that computes the architecture's model, LoRA on q/k/v/o (Phi-3: its fused qkv_proj and o_proj) and the trainable count is
-    r x (in + out) per adapted projection and layer."""
+    learnt), its attention is the one that computes the architecture's model, LoRA on q/k/v/o (Phi-3:
+    its fused qkv_proj and o_proj) and the trainable count is r x (in + out) per adapted projection and layer."""
     path = checkpoints / f"tiny-{model_type}"
     built = spy(monkeypatch, modeling, "apply_lora")
     r = run_in_process([f"model.path={path}", "data=synthetic", "seq_len=16", "batch=4", "data.max_samples=4",

@@ -318,7 +318,8 @@ def test_a_sweep_over_models_names_each_model_in_the_table_and_the_answer():
         r.config["model"] = {"name": model, "hidden_size": hidden}
         return r
 
-    llama = [of(cell(0, "hf", 8, 1, 6000), "llama-3.1-8b", 4096), of(cell(1, "fast", 8, 0, 15000), "llama-3.1-8b", 4096)]
+    llama = [of(cell(0, "hf", 8, 1, 6000), "llama-3.1-8b", 4096),
+             of(cell(1, "fast", 8, 0, 15000), "llama-3.1-8b", 4096)]
     qwen = [of(cell(2, "hf", 8, 1, 6500), "qwen2.5-7b", 3584), of(cell(3, "fast", 8, 0, 16900), "qwen2.5-7b", 3584)]
     searches = [record(f"backend={c.config['backend']['name']}", [c], c) for c in llama + qwen]
     rows = [r.split(" | ") for r in backend_table(llama + qwen, ["backend", "model"], searches).splitlines()[2:]]

@@ -417,8 +417,8 @@ def backend_table(results: list[CellResult], axes_: list[str], searches=()) -> s
             own = [r for r in cells if r.config["backend"]["name"] == name and _dropout(r) == dropout]
             best = max(own, key=lambda r: r.metrics[TOK])
             m, kind = best.metrics, rows_kind(best)
-            rows.append([", ".join(labels[key]) or f"gpu={best.config['gpu']['name']}", name + ("" if dropout == plain else
-                                                                        f", lora.dropout={dropout:g} (recipe change)"),
+            label = ", ".join(labels[key]) or f"gpu={best.config['gpu']['name']}"
+            rows.append([label, name + ("" if dropout == plain else f", lora.dropout={dropout:g} (recipe change)"),
                          kind, layout_name(best), how_found(best, own, searched), f"{m[TOK]:,.0f}",
                          f"{p50_tokens_per_s(m):,.0f}", num(m.get("perf/mfu_pct"), ".1f"),
                          num(m.get("mem/peak_reserved_gib"), ".2f"), money(m.get("cost/usd_per_1m_tokens")),
