@@ -1758,7 +1758,8 @@ def last_h100_text() -> str:
         "there the profiled pair at b32 ran out of the H100's memory ("
         + ", ".join(f"{r.config['backend']['name']} {r.metrics['mem/peak_reserved_gib']:.1f} GiB" for r in oom)
         + ") and Qwen2.5-7B's rounds ran alone on the H100 (below). **Issue 35's 1.10x over Unsloth on the whole "
-        "H100 is still not measured in one run.** Against Unsloth's best of " + H100 + " (another H100 machine, the "
+        f"H100 was not measured in one run here** (it is in {where('h100b')}). Against Unsloth's best of " + H100
+        + " (another H100 machine, the "
         f"same Unsloth, {old['unsloth']['layout']}, {old['unsloth']['tok']:,.0f} tok/s): "
         f"{hfast['perf/tokens_per_s'] / old['unsloth']['tok']:.2f}x, across two runs, not the target's measure.")
 
