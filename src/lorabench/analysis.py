@@ -352,15 +352,12 @@ def group_labels(keys: list[tuple]) -> dict[tuple, list[str]]:
     (not its shape's keys), "gpu=a10", "seq_len=1024"; [] for every group where there is one."""
     ds = [dict(k) for k in keys]
     differ = sorted(n for n in {n for d in ds for n in d} if len({d.get(n) for d in ds}) > 1)
-    labels = {}
-    for key, d in zip(keys, ds):
-        parts = []
-        for n in differ:
-            head = n.split(".")[0]
-            part = f"{head}={d.get(head + '.name')}" if head in ("model", "gpu") else f"{n}={d.get(n)}"
-            parts += [part] * (part not in parts)
-        labels[key] = parts
-    return labels
+
+    def part(d: dict, n: str) -> str:
+        head = n.split(".")[0]
+        return f"{head}={d.get(head + '.name')}" if head in ("model", "gpu") else f"{n}={d.get(n)}"
+
+    return {key: list(dict.fromkeys(part(d, n) for n in differ)) for key, d in zip(keys, ds)}
 
 
 def layout_name(r: CellResult) -> str:
@@ -413,11 +410,11 @@ def backend_table(results: list[CellResult], axes_: list[str], searches=()) -> s
     rows, labels = [], group_labels(list(groups))
     for key, cells in groups.items():
         plain = max(map(_dropout, cells))  # the recipe's dropout; a lower one is the opt-in extra row
+        label = ", ".join(labels[key]) or f"gpu={cells[0].config['gpu']['name']}"
         for name, dropout in dict.fromkeys((r.config["backend"]["name"], _dropout(r)) for r in cells):
             own = [r for r in cells if r.config["backend"]["name"] == name and _dropout(r) == dropout]
             best = max(own, key=lambda r: r.metrics[TOK])
             m, kind = best.metrics, rows_kind(best)
-            label = ", ".join(labels[key]) or f"gpu={best.config['gpu']['name']}"
             rows.append([label, name + ("" if dropout == plain else f", lora.dropout={dropout:g} (recipe change)"),
                          kind, layout_name(best), how_found(best, own, searched), f"{m[TOK]:,.0f}",
                          f"{p50_tokens_per_s(m):,.0f}", num(m.get("perf/mfu_pct"), ".1f"),

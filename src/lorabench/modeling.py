@@ -136,18 +136,20 @@ def random_init(model_cfg: ModelConfig, device: torch.device, dtype: torch.dtype
     trip: 7.25B bf16 values take seconds on a GPU, minutes on a CPU)."""
     from transformers import AutoModelForCausalLM
 
+    config = hf_config(model_cfg)
     with torch.device(device):
-        return AutoModelForCausalLM.from_config(hf_config(model_cfg), dtype=dtype,
-                                                attn_implementation=attention_implementation(model_cfg))
+        return AutoModelForCausalLM.from_config(config, dtype=dtype,
+                                                attn_implementation=attention_implementation(model_cfg, config))
 
 
-def attention_implementation(model_cfg: ModelConfig) -> str:
+def attention_implementation(model_cfg: ModelConfig, config) -> str:
     """model.attn_implementation, except where it would compute another model: transformers' SDPA path has no
     soft-cap, so an architecture that soft-caps its attention logits (Gemma-2: tanh(x / 50) * 50) runs eager
     instead. conf/model/gemma-2-9b.yaml says eager itself; this covers a Gemma-2 checkpoint given by model.path
-    with another model group's default (sdpa). The fast path may replace it later (flex attention on CUDA)."""
+    with another model group's default (sdpa). The fast path may replace it later (flex attention on CUDA).
+    config: the model's transformers config (hf_config), which the caller has built already."""
     asked = model_cfg.attn_implementation
-    cap = architecture_of(model_cfg).attn_logit_softcap
+    cap = Architecture.from_hf_config(config).attn_logit_softcap
     if asked == "sdpa" and cap is not None:
         log.warning("model.attn_implementation=sdpa ignores %s's attention soft-cap (%g): eager attention instead",
                     model_cfg.name, cap)
@@ -207,7 +209,7 @@ def build_model(cfg: Config, device: torch.device, sharded: bool = False):
         model = AutoModelForCausalLM.from_pretrained(
             str(local) if local.exists() else cfg.model.path,
             dtype=dtype, quantization_config=quant, device_map=device_map,
-            attn_implementation=attention_implementation(cfg.model),
+            attn_implementation=attention_implementation(cfg.model, hf_config(cfg.model)),
             use_safetensors=cfg.model.safetensors_only or None, trust_remote_code=cfg.model.trust_remote_code,
         )
         weights = cfg.model.path
@@ -222,7 +224,7 @@ def build_model(cfg: Config, device: torch.device, sharded: bool = False):
             model = type(skeleton).from_pretrained(
                 None, config=skeleton.config, state_dict=random_state_dict(skeleton, device), dtype=dtype,
                 quantization_config=quant, device_map=device_map,
-                attn_implementation=attention_implementation(cfg.model))
+                attn_implementation=attention_implementation(cfg.model, skeleton.config))
         weights = "random_init"
     model.config.use_cache = False
     return model, weights

@@ -1838,8 +1838,7 @@ def s2048_pair() -> dict:
     pair = {}
     for b in ("fast", "hf"):
         r = run_cell(H100B, f"prof_s2048_{b}")
-        t = r.config["train"]
-        r.label = f"H100, {b} b{r.config['batch']}, {recomputed(t)}"
+        r.label = f"H100, {b} b{r.config['batch']}, {recomputed(r.config['train'])}"
         pair[f"h100 {b}"] = r
     h = flex_profiles()["s2048_hf"]
     h.label = f"H200 (commit 7702139), hf b{h.config['batch']}, {recomputed(h.config['train'])}"
@@ -1853,24 +1852,26 @@ def s2048_text(p: dict) -> str:
     table = an.md_table(["ms per 1,000 non-pad tokens (profiled step)", *an.CATEGORIES, "sum"],
                         [[p[key].label, *[f"{k[key][c]:.1f}" for c in an.CATEGORIES], f"{sum(k[key].values()):.1f}"]
                          for key in k])
-    f, h, h2 = (p[key].metrics for key in ("h100 fast", "h100 hf", "h200 hf"))
+    f, h = (p[key].metrics for key in ("h100 fast", "h100 hf"))
     x = f["perf/tokens_per_s"] / h["perf/tokens_per_s"]
-    x200 = each_ratios(each_bests("fixed_s2048", LAST_H200))["hf"]
+    h200 = each_bests("fixed_s2048", LAST_H200)
+    x200 = each_ratios(h200)["hf"]
     el, el2 = k["h100 hf"]["elementwise"], k["h200 hf"]["elementwise"]
-    ms = lambda b: 1e6 / each_bests("fixed_s2048", LAST_H200)[b][1].metrics["perf/tokens_per_s"]  # noqa: E731
+    ms = {b: 1e6 / h200[b][1].metrics["perf/tokens_per_s"] for b in ("fast", "hf")}  # per 1,000 tokens
     return "\n".join([table, "",
         f"On the H100 the two layouts run at {f['perf/tokens_per_s']:,.0f} and {h['perf/tokens_per_s']:,.0f} tok/s: "
         f"fast / hf {x:.2f}x ({an.p50_tokens_per_s(f) / an.p50_tokens_per_s(h):.2f}x at the median step), against "
         f"{x200:.3f}x for the same two layouts searched on the H200 ({where('last')}). hf's step is "
-        f"{100 * h['prof/elementwise_frac']:.0f}% elementwise work (its profile.txt: copies and casts, multiplies, adds and "
-        f"the LoRA dropout around its matmuls, each layer's forward run twice): {el:.1f} ms per 1,000 tokens on the H100, {el2:.1f} on the H200, "
-        f"{el / el2:.2f}x, where the two GPUs' memory bandwidths differ {bandwidth_gbs('h200') / bandwidth_gbs('h100'):.2f}x "
+        f"{100 * h['prof/elementwise_frac']:.0f}% elementwise work (its profile.txt: copies and casts, multiplies, "
+        "adds and the LoRA dropout around its matmuls, each layer's forward run twice): "
+        f"{el:.1f} ms per 1,000 tokens on the H100, {el2:.1f} on the H200, {el / el2:.2f}x, where the two GPUs' "
+        f"memory bandwidths differ {bandwidth_gbs('h200') / bandwidth_gbs('h100'):.2f}x "
         f"and their matmuls ({k['h100 hf']['matmul']:.1f} and {k['h200 hf']['matmul']:.1f} ms) do not. fast's step "
         f"is {100 * f['prof/matmul_frac']:.0f}% matmuls and {100 * f['prof/elementwise_frac']:.0f}% elementwise "
         "work, so the H200's memory speeds hf's best more than fast's: the same two cells are further apart on the "
         f"H100. **2.2x over hf's best at seq 2048: {verdict(x, 2.2)} on the H100 (with the H200 search's layouts, not "
         f"searched on the H100), {verdict(x200, 2.2)} on the H200 ({x200:.3f}x).** On the H200 fast's best would need "
-        f"{ms('hf') / 2.2:.1f} ms per 1,000 tokens instead of {ms('fast'):.1f}; on the H100 its profiled step waits "
+        f"{ms['hf'] / 2.2:.1f} ms per 1,000 tokens instead of {ms['fast']:.1f}; on the H100 its profiled step waits "
         f"{k['h100 fast']['idle']:.1f} ms per 1,000 tokens ({100 * f['prof/idle_frac']:.0f}%) outside its kernels."])
 
 
@@ -1883,6 +1884,7 @@ def h100b_section() -> str:
     cut = [k for k, (s, _) in b.items() if s.cut_short]
     lead = f["perf/tokens_per_s"] / u["perf/tokens_per_s"]
     rounds, by_model = each_rounds(H100B, H100B_CALLS)
+    pair = s2048_pair()
     return "\n\n".join([
         f"### The whole H100 with fast and Unsloth searched in one sweep; the seq-2048 bests profiled on an H100; "
         f"Llama-3.1-8B and Qwen2.5-7B in rounds (one {csv_gpu(d / 'gpu_h1.csv')}, commits e8e9497, 73f520a)",
@@ -1898,8 +1900,8 @@ def h100b_section() -> str:
         ", both searches finished") + f"; fast at {f['perf/mfu_pct']:.1f}% MFU, {f['mem/peak_reserved_gib']:.1f} GiB.",
         "Fixed-length rows at seq 2048 within 22 GiB, the H200 search's two bests profiled on the H100 (below, the "
         "H200's hf row is the same hf layout profiled in an earlier run):",
-        split_table([r for key, r in s2048_pair().items() if key.startswith("h100")]),
-        s2048_text(s2048_pair()),
+        split_table([r for key, r in pair.items() if key.startswith("h100")]),
+        s2048_text(pair),
         "Issue 34's two models against Unsloth's best (both b4, nothing recomputed, 22 GiB, seq 1024), one round after "
         "the other, alone on the H100:",
         an.md_table(["model", "call", "round", "fast tok/s", "fast MFU %", "Unsloth's best tok/s",
