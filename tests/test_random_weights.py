@@ -56,6 +56,7 @@ def test_quantised_random_weights_never_hold_a_bf16_copy(tmp_path):
     peak = torch.cuda.max_memory_allocated() - base
     held = torch.cuda.memory_allocated() - base
     largest = max(p.numel() for p in model.parameters()) * 2  # bytes of the largest unquantised bf16 weight
-    bf16_model = sum(m.weight.numel() for m in model.modules() if isinstance(m, bnb.nn.Linear4bit)) * 2
+    # A Linear4bit's weight holds two nf4 codes a byte (its numel is half the layer's): the layer's own shape
+    bf16_model = 2 * sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, bnb.nn.Linear4bit))
     assert weights == "random_init" and isinstance(model.model.layers[0].self_attn.q_proj, bnb.nn.Linear4bit)
     assert peak <= held + 3 * max(largest, 1) and peak < bf16_model

@@ -424,6 +424,9 @@ PARTS = (
 )
 
 
+PART = {part.key: part for part in PARTS}
+
+
 # ---- before a cell: the check; while building the model: the parts in order ------------------------------
 
 def parts_on(c: Config) -> list[Part]:
@@ -488,6 +491,30 @@ def check_parts(c: Config, hf, device: torch.device) -> None:
         if part.through and not {p.key for p in on}.intersection(part.through):
             log.info("backend.%s acts through %s, none of them on: it does nothing here", part.key,
                      "/".join(part.through))
+
+
+def acts(key: str, c: Config, device: torch.device) -> bool:
+    """Whether the part `key` acts in this cell: on, with one of the parts it acts through on, and on CUDA where
+    it is CUDA only (Cuda.ONLY: elsewhere the cell runs without it, the same model)."""
+    part = PART[key]
+    return part.on(c) and (not part.through or any(PART[t].on(c) for t in part.through)) \
+        and (part.cuda is not Cuda.ONLY or device.type == "cuda")
+
+
+@dataclass(frozen=True)
+class TrainerParts:
+    """The Stage.TRAINER parts as lorabench.loop hands them to the Trainer (lorabench.meter.MeasuredTrainer) and its
+    step meter (lorabench.meter.StepMeter): each one where it acts in this cell (`acts`)."""
+    flat_optimizer: bool
+    lean_step: bool
+    cuda_graphs: bool  # the decoder layers captured; the collator then gives packed batches one shape
+    gc_every: int  # 0: Python's own collector schedule
+
+
+def trainer_parts(c: Config, device: torch.device) -> TrainerParts:
+    return TrainerParts(flat_optimizer=acts("flat_optimizer", c, device), lean_step=acts("lean_step", c, device),
+                        cuda_graphs=acts("cuda_graphs", c, device),
+                        gc_every=c.backend.gc_every if acts("gc_every", c, device) else 0)
 
 
 def apply(model, c: Config, device: torch.device, stage: Stage):

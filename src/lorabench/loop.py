@@ -76,19 +76,18 @@ def _measure(c: Config, run_dir: Path, result: CellResult, logger: MetricLogger,
     steps_file = run_dir / ("steps.jsonl" if rank == 0 else f"steps.rank{rank}.jsonl")
     resume = resume_state(c, ckpt_dir, steps_file, result)
     first_layer = fastpath.decoder_layers(model)[0]
-    watch = watch_training(c, device, run_dir, steps_file, resume, logger, rank, first_layer)
+    parts = fastpath.trainer_parts(c, device)  # the fast path's parts that act in the Trainer and its meter
+    watch = watch_training(c, device, run_dir, steps_file, resume, logger, rank, first_layer, parts.gc_every)
     # FSDP's unit, with train.parallel=fsdp over several processes: the decoder layer's class
     layer_class = type(first_layer).__name__ if c.train.sharded else ""
     if c.train.sharded:
         sharding.gather_head_with_final_norm(model)
-    graphed = graphs_on(c, device)  # the collator then gives packed batches one shape
     trainer = MeasuredTrainer(model=model, args=training_arguments(c, device, ckpt_dir, layer_class, len(dataset)),
                               train_dataset=dataset,
-                              data_collator=data.build_collator(c, tokenizer, dataset, fixed=graphed),
+                              data_collator=data.build_collator(c, tokenizer, dataset, fixed=parts.cuda_graphs),
                               callbacks=watch.callbacks,
-                              meter=watch.meter, flat_optimizer=c.backend.flat_optimizer,
-                              lean_step=c.backend.lean_step,
-                              graph_layers=fastpath.decoder_layers(model) if graphed else None)
+                              meter=watch.meter, flat_optimizer=parts.flat_optimizer, lean_step=parts.lean_step,
+                              graph_layers=fastpath.decoder_layers(model) if parts.cuda_graphs else None)
     trainer.remove_callback(PrinterCallback)  # it prints every log dict; the bar shows them
     train(c, trainer, resume, watch, ckpt_dir)
     arch = flop_arch(model)
@@ -97,12 +96,6 @@ def _measure(c: Config, run_dir: Path, result: CellResult, logger: MetricLogger,
     result.rank = {"steps": watch.meter.steps, "window_s": watch.meter.window_s, "params": params, "arch": arch,
                    "data_stats": data_stats}
     return metrics
-
-
-def graphs_on(c: Config, device: torch.device) -> bool:
-    """backend.cuda_graphs where it acts: on CUDA (elsewhere the cell runs without it, as fastpath.PARTS says),
-    through fused_lora's projections."""
-    return c.backend.cuda_graphs and c.backend.fused_lora and device.type == "cuda"
 
 
 def prepare_device(c: Config, result: CellResult) -> tuple[torch.device, GpuConfig]:
@@ -161,9 +154,9 @@ def resume_state(c: Config, ckpt_dir: Path, steps_file: Path, result: CellResult
 
 
 def watch_training(c: Config, device: torch.device, run_dir: Path, steps_file: Path, resume: Resume,
-                   logger: MetricLogger, rank: int, first_layer: torch.nn.Module) -> Watch:
-    """The meter that times the steps after the untimed ones, the samplers, the matmul-width probe on the
-    model's first decoder layer, and the callbacks."""
+                   logger: MetricLogger, rank: int, first_layer: torch.nn.Module, gc_every: int = 0) -> Watch:
+    """The meter that times the steps after the untimed ones (Python's collector every `gc_every` steps: see
+    StepMeter), the samplers, the matmul-width probe on the model's first decoder layer, and the callbacks."""
     sampler = NvmlSampler(device) if device.type == "cuda" else None
     # Untimed: the first train.untimed_steps, then the profiled ones (profiling slows a step down).
     untimed = c.train.untimed + c.train.profile_steps
@@ -171,7 +164,7 @@ def watch_training(c: Config, device: torch.device, run_dir: Path, steps_file: P
              f" and {c.train.profile_steps} profiled" if c.train.profile_steps else "",
              c.train.max_steps - untimed)
     meter = StepMeter(device, untimed, steps_file, sampler, logger.log_step, earlier_steps=resume.earlier_steps,
-                      gc_every=c.backend.gc_every)
+                      gc_every=gc_every)
     guard = Guard(c.train.host_memory_limit_gib)  # the host-memory watchdog; a signal's grace period
     callbacks = [meter, StopOnSignal()] + ([ProgressBar(c.train.max_steps, meter)] if rank == 0 else [])
     profiler = None

@@ -7,7 +7,10 @@
 #           step neither was measured on this model.
 #   t1, t2: every GPU test at this commit (`pytest -m gpu`), in two halves (the whole took 353 s in
 #           2026-11-25_gpu_tests with 37 of today's 54 tests); the two-GPU FSDP test is skipped on one GPU.
-#   LIMIT_S=560 bash docs/runs/scripts/2026-11-27_h100c.sh <commit> q1|q2|t1|t2   (carry .whl .whl_unsloth .gpudata)
+#   t3 (after the lend's first four calls): the GPU tests that t1 and t2 left to run again (the random-weights test,
+#           fixed; a fast cell through lorabench.loop with its layers captured, after the Trainer's parts moved to
+#           lorabench.fastpath), then a third round of fast's defaults and Unsloth's best (call q3).
+#   LIMIT_S=560 bash docs/runs/scripts/2026-11-27_h100c.sh <commit> q1|q2|t1|t2|t3   (carry .whl .whl_unsloth .gpudata)
 set -u
 LIMIT_S=${LIMIT_S:-560}; source "$(dirname "$0")/device_setup.sh" "$@"  # wheels, ShareGPT, environment, t0
 source "$(dirname "$0")/gpu_lists.sh" "$@"  # /tmp/runs, the clocks, left, sweep, rounds, pack_call
@@ -27,6 +30,8 @@ case $call in
   t2) tests tests/test_fast_parts.py tests/test_fused.py tests/test_gpu.py tests/test_flat_optim.py \
         tests/test_lean_launch.py tests/test_offload.py tests/test_packed_attention.py tests/test_random_weights.py \
         tests/test_bench.py tests/test_fsdp.py ;;
+  t3) tests tests/test_random_weights.py tests/test_graphs.py::test_a_fast_cell_trains_with_its_layers_captured_as_without_on_gpu
+      call=q3 rounds 0 qwen qwen2.5-7b 1 "fast: backend=fast $b4 | unsloth: backend=unsloth $b4" ;;
 esac
 grep -h "^gpu 0 .*exit" $R/log_0.txt 2>/dev/null | tail -6
 pack_call $2
