@@ -11,6 +11,7 @@ lorabench.analysis and lorabench.plots (the sweep report's own functions) and fr
 import importlib.util
 import json
 import re
+import statistics
 import sys
 from pathlib import Path
 
@@ -1914,6 +1915,72 @@ def h100b_section() -> str:
         "Table: " + cmd("h100b")])
 
 
+H100C = "2026-11-27_h100c"  # 2026-11-27_h100c.sh d416a97 q1, q2, t1, t2, then t3 (its round named q3): one H100
+H100C_CALLS = ("q1", "q2", "q3")  # the rounds (q3: fast's defaults and Unsloth's only)
+# The cells of each round: fast's defaults, fast with one or two of its knobs that are off by default, Unsloth's best
+H100C_CELLS = {"fast": "fast's defaults", "sgemm": "fast + backend.swiglu_in_gemm",
+               "sgabs": "fast + backend.swiglu_in_gemm + backend.absmax_cache", "unsloth": "Unsloth's best"}
+
+
+def pytest_summary(path: Path) -> str:
+    """The last line of a pytest run's output (its counts and time), without the ='s around it."""
+    return path.read_text().strip().splitlines()[-1].strip("= ")
+
+
+def h100c_section() -> str:
+    """Issue 34's Qwen2.5-7B against Unsloth's best alone on an H100, with the two knobs of fast never measured on it;
+    every GPU test at the commit that ran."""
+    d = RUNS / H100C
+    rows, ratios = [], {k: [] for k in H100C_CELLS if k != "unsloth"}
+    for call in H100C_CALLS:
+        cells = {k: run_cell(H100C, f"qwen_{k}_{call}_1").metrics for k in H100C_CELLS
+                 if (d / f"qwen_{k}_{call}_1").is_dir()}
+        if "unsloth" not in cells:  # a round the call's limit cut
+            continue
+        u = cells["unsloth"]["perf/tokens_per_s"]
+        for k, m in cells.items():
+            x = m["perf/tokens_per_s"] / u
+            if k != "unsloth":
+                ratios[k].append(x)
+            rows.append([call, H100C_CELLS[k], f"{m['perf/tokens_per_s']:,.0f}", f"{an.p50_tokens_per_s(m):,.0f}",
+                         f"{m['mem/peak_reserved_gib']:.2f}", f"{m['gpu/util_mean_pct']:.0f}",
+                         "-" if k == "unsloth" else f"{x:.3f}x"])
+    n = len(ratios["sgemm"])  # the rounds with the knobs (q1, q2)
+    knob = {k: sum(ratios[k]) / sum(ratios["fast"][:n]) for k in ("sgemm", "sgabs")}
+    spread = max(ratios["fast"][:n]) / min(ratios["fast"][:n]) - 1
+    return "\n\n".join([
+        f"### Qwen2.5-7B against Unsloth's best alone on an H100, with two knobs of fast; every GPU test "
+        f"(one {csv_gpu(d / 'gpu_q1.csv')} on each of two machines, commits d416a97, 0932904)",
+        "`bash docs/runs/scripts/2026-11-27_h100c.sh`, one H100, four calls in a row, then a fifth (t3) on another H100 "
+        "machine (the first had gone back while the code changed: t3's log.txt holds no earlier call). q1 and q2: one "
+        "round each (q2 in q1's reverse order) of `python train.py +experiment=seed_optimum train.max_steps=14 train.untimed_steps=4 "
+        "gpu=a10 seq_len=1024 model=qwen2.5-7b batch=4 train.gradient_checkpointing=false` (22 GiB, fixed-length rows, "
+        "nothing recomputed: both backends' searched bests) with `backend=fast`, with its two knobs that are off by "
+        "default and were never measured at 4,096 tokens a step on this model (`backend.swiglu_in_gemm=true`: SwiGLU's "
+        "backward in the down projection's GEMM; `backend.absmax_cache=true`: the nf4 block scales kept in fp32), and "
+        "`backend=unsloth`; q3 (t3's round, commit 0932904): fast's defaults and Unsloth's. Random weights.",
+        an.md_table(["call", "cell", "tok/s non-pad", "at p50", "peak resv GiB", "GPU busy %",
+                     "over Unsloth's best, same call"], rows),
+        "fast's defaults over Unsloth's best: " + ", ".join(f"{x:.3f}x" for x in ratios["fast"])
+        + f" (issue 34 asks 1.15x: {', '.join(verdict(x, 1.15) for x in ratios['fast'])}). The knobs move fast's "
+        f"cell by {100 * (knob['sgemm'] - 1):+.1f}% (swiglu_in_gemm) and {100 * (knob['sgabs'] - 1):+.1f}% (both) over "
+        f"the {n} rounds that ran them, where fast's defaults over Unsloth moved {100 * spread:.1f}% from one round to "
+        "the other: no gain, so both stay off.",
+        "Every GPU test at d416a97, `python -m pytest -m gpu` in two halves (t1: tests/test_fast_arch.py, "
+        "test_backends.py, test_graphs.py, test_grad_kernels.py; t2: the other files): t1 "
+        f"{pytest_summary(d / 'gpu_tests_t1.txt')}; t2 {pytest_summary(d / 'gpu_tests_t2.txt')}. t2's failure was the "
+        "test's own count: it took a Linear4bit's weight, two nf4 codes a byte, for the layer's size, so the bf16 "
+        "model it compared against was half the real one (the test had not run on a GPU before). Fixed in 0932904, "
+        "which also hands the Trainer its parts from lorabench.fastpath; t3 ran that test and a fast cell trained "
+        "through lorabench.loop with its layers captured against the same cell without: "
+        f"{pytest_summary(d / 'gpu_tests_t3.txt')}.",
+        f"Run dir: [runs/{H100C}](runs/{H100C}) (`LIMIT_S=560 bash docs/runs/scripts/2026-11-27_h100c.sh d416a97 q1`, "
+        "`... q2`, `LIMIT_S=570 ... t1`, `... t2`, `LIMIT_S=560 ... 0932904 t3`; the rounds' output in log_0.txt and "
+        "log_0_t3.txt, the tests' in gpu_tests_t*.txt, "
+        "the clocks in gpu_*.csv; each sweep's results.md written again after the run by "
+        "`python bench.py sweep_dir=<dir>`). Table: " + cmd("h100c")])
+
+
 def searched_section() -> str:
     """Issue 34's two missed bests measured again (every layer captured, three kernel changes), fast with graphs
     searched (issue 35), on one 4 x H200 machine."""
@@ -2524,7 +2591,7 @@ def glance() -> str:
     _, er = each_rounds()
     secs = {m: ["each"] for m in er}  # the sections each model's rounds come from
     for run, calls, sec in ((PACKED, ("c1", "c2", "c3"), "packed"), (LAST_H200, ("c1",), "last"), (LAST_H100, ("h2",), "last"),
-                           (H100B, H100B_CALLS, "h100b")):
+                           (H100B, H100B_CALLS, "h100b"), (H100C, H100C_CALLS, "h100c")):
         for m, x in each_rounds(run, calls)[1].items():
             er[m] = er.get(m, []) + x
             secs[m] = secs.get(m, []) + [sec]
@@ -2556,7 +2623,8 @@ def glance() -> str:
             f"{x['unsloth']:.2f}x Unsloth's (without a varlen kernel)" for n, x in packed.items())
         + f" ({where('packed')}).",
         "- fast against Unsloth's best, round by round on one GPU, within 22 GiB at seq 1024 (issue 34 asks 1.15x): "
-        + "; ".join(f"{m} {span(x)} in {len(x)} rounds, {sum(v >= 1.15 for v in x)} of them at or over 1.15x "
+        + "; ".join(f"{m} {span(x)} in {len(x)} rounds (median {statistics.median(x):.3f}x), "
+                    f"{sum(v >= 1.15 for v in x)} of them at or over 1.15x "
                     f"({er_at[m]})" for m, x in er.items()) + "; "
         + "; ".join(f"{m} {span(x)} ({where('searched')})" for m, x in sr.items()
                     if x and m not in er) + " (Unsloth's cell moves with its host from round to round: its slowest "
@@ -2603,12 +2671,12 @@ seq 2048), and Unsloth two batch sizes with every layer recomputed (its own defa
 those cells, not against their best: hf with fewer layers recomputed or a larger batch may be faster (at seq 512 its
 batch 16 also fits in 22 GiB, see "What fits" below), and so may Unsloth with fewer layers recomputed.
 
-## Newest: the whole H100 with fast and Unsloth searched in one sweep, the seq-2048 bests profiled on an H100, Llama-3.1-8B and Qwen2.5-7B in rounds on an H100 (e8e9497, 73f520a); the whole-GPU bests profiled side by side, fixed rows at seq 2048 searched again, fast searched on the whole H100, Qwen2.5-7B on an H200 and an H100 (55d5f2d, 9053ed3); packed rows captured as CUDA graphs, each backend searched on packed ShareGPT at seq 512, 1024 and 2048 and on the whole GPU, Qwen2.5-7B against Unsloth's best again (077e803); each backend searched in one command on fixed-length rows at seq 512, 1024 and 2048 and on packed ShareGPT, fast with its layers as CUDA graphs by default, Llama-3.1-8B and Qwen2.5-7B against Unsloth's best again (76bf84f); Qwen2.5-7B and Gemma-2-9B against Unsloth's best again, fast with graphs searched (2eaaca1, 61b4afc, 7939db1); recomputed layers captured too (bd3db68); each backend's best in one run per model, fast's layers as CUDA graphs, the whole GPU with graphs (8fd5be1); issue 34's four models with their layers replayed as chained CUDA graphs (7e37edc, 1a5bb50, f39a56e); Qwen2.5-7B's best with its layers replayed as CUDA graphs (ae17285); fewer host launches per decoder layer, the missed bests on three machines (fb80e4e, f456dd2); the L4 source cell's memory and the source's recipe (a5f98af, 6240b39); where fast's host time goes on the missed bests, measured again (54da436, 818a2d8); the whole H100, the missed bests profiled side by side, the L4 cell alone and its memory (dfa9325, 44e073d); Gemma-2 with flex attention, Unsloth on packed rows, hf's bests profiled, the L4 check (7702139); what the searches still missed, the bests profiled (8867807); each backend searched per model on one 4 x H200 machine (669aa8c); the loss head, fast and Unsloth searched again (b93a4ae, 06130bd); hf, fast and Unsloth each searched (commit 6a9ca22); each model's searched best, Llama-3.3-70B (3bc030e), searched bests of Mistral-7B (c836200, 50f810d)"""
+## Newest: Qwen2.5-7B against Unsloth alone on an H100 with two knobs of fast, every GPU test (d416a97, 0932904); the whole H100 with fast and Unsloth searched in one sweep, the seq-2048 bests profiled on an H100, Llama-3.1-8B and Qwen2.5-7B in rounds on an H100 (e8e9497, 73f520a); the whole-GPU bests profiled side by side, fixed rows at seq 2048 searched again, fast searched on the whole H100, Qwen2.5-7B on an H200 and an H100 (55d5f2d, 9053ed3); packed rows captured as CUDA graphs, each backend searched on packed ShareGPT at seq 512, 1024 and 2048 and on the whole GPU, Qwen2.5-7B against Unsloth's best again (077e803); each backend searched in one command on fixed-length rows at seq 512, 1024 and 2048 and on packed ShareGPT, fast with its layers as CUDA graphs by default, Llama-3.1-8B and Qwen2.5-7B against Unsloth's best again (76bf84f); Qwen2.5-7B and Gemma-2-9B against Unsloth's best again, fast with graphs searched (2eaaca1, 61b4afc, 7939db1); recomputed layers captured too (bd3db68); each backend's best in one run per model, fast's layers as CUDA graphs, the whole GPU with graphs (8fd5be1); issue 34's four models with their layers replayed as chained CUDA graphs (7e37edc, 1a5bb50, f39a56e); Qwen2.5-7B's best with its layers replayed as CUDA graphs (ae17285); fewer host launches per decoder layer, the missed bests on three machines (fb80e4e, f456dd2); the L4 source cell's memory and the source's recipe (a5f98af, 6240b39); where fast's host time goes on the missed bests, measured again (54da436, 818a2d8); the whole H100, the missed bests profiled side by side, the L4 cell alone and its memory (dfa9325, 44e073d); Gemma-2 with flex attention, Unsloth on packed rows, hf's bests profiled, the L4 check (7702139); what the searches still missed, the bests profiled (8867807); each backend searched per model on one 4 x H200 machine (669aa8c); the loss head, fast and Unsloth searched again (b93a4ae, 06130bd); hf, fast and Unsloth each searched (commit 6a9ca22); each model's searched best, Llama-3.3-70B (3bc030e), searched bests of Mistral-7B (c836200, 50f810d)"""
 CURRENT = """## hf, fast and Unsloth on the same rows (commit 22c8b76)
 
 Unsloth runs only on the fixed-length rows: its patched attention is not known to keep packed samples apart."""
 
-SECTIONS = {"h100b": h100b_section, "last": last_section, "packed": packed_section, "each": each_section, "searched": searched_section, "recompute": recompute_section, "bests": bests_section, "chain": chain_section, "graphs": graphs_section, "lean": lean_section, "l4mem": l4mem_section, "host": host_section, "h100": h100_section, "flex": flex_section, "gaps": gaps_section, "four": four_section, "head": head_section, "best3": best3_section, "model_search": model_search_section, "search512": lambda: search_section(512), "search1024": lambda: search_section(1024),
+SECTIONS = {"h100c": h100c_section, "h100b": h100b_section, "last": last_section, "packed": packed_section, "each": each_section, "searched": searched_section, "recompute": recompute_section, "bests": bests_section, "chain": chain_section, "graphs": graphs_section, "lean": lean_section, "l4mem": l4mem_section, "host": host_section, "h100": h100_section, "flex": flex_section, "gaps": gaps_section, "four": four_section, "head": head_section, "best3": best3_section, "model_search": model_search_section, "search512": lambda: search_section(512), "search1024": lambda: search_section(1024),
             "models": models_section, "moe": moe_section, "s512": lambda: budget_section(512), "s1024": lambda: budget_section(1024),
             "s2048": lambda: budget_section(2048), "whole": whole_section, "profile": profile_section,
             "loss": loss_section, "seed_grid": seed_grid_section, "packing": packing_section,
