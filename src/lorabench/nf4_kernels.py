@@ -81,19 +81,24 @@ def _absmax(state, keep: bool) -> torch.Tensor:
     return absmax
 
 
+def _scales(weight: torch.Tensor, state, keep_absmax: bool):
+    """The kernels' scale arguments: (absmax, (code2, absmax2, offset), blocksize2), the double-quantised absmax
+    undone inside the kernel (blocksize2 > 1), or fp32 scales (blocksize2 1: the three nested arguments are
+    placeholders the kernel never reads)."""
+    if state.nested and not keep_absmax and getattr(state, "lorabench_absmax", None) is None \
+            and state.offset.device == weight.device:  # (a quant state built on the host keeps it there)
+        return state.absmax, (state.state2.code, state.state2.absmax, state.offset), state.state2.blocksize
+    absmax = _absmax(state, keep_absmax)
+    return absmax, (absmax, absmax, absmax), 1
+
+
 def dequantize(weight: torch.Tensor, state, keep_absmax: bool = False, program_bytes: int | None = None,
                num_warps: int | None = None) -> torch.Tensor:
     """bitsandbytes.functional.dequantize_4bit(weight, state) for nf4 on CUDA: [out x in] in state.dtype.
     A double-quantised absmax is undone inside the kernel, unless it is kept in fp32 (`keep_absmax`).
     program_bytes, num_warps: another program size (a power of 2, whole blocks) and warp count than `_bytes`'
     and Triton's (docs/runs/scripts/dequant_variants.py times them)."""
-    if state.nested and not keep_absmax and getattr(state, "lorabench_absmax", None) is None \
-            and state.offset.device == weight.device:  # (a quant state built on the host keeps it there)
-        absmax, nest, blocksize2 = state.absmax, (state.state2.code, state.state2.absmax, state.offset), \
-            state.state2.blocksize
-    else:  # fp32 scales: the three nested arguments are placeholders the kernel never reads
-        absmax = _absmax(state, keep_absmax)
-        nest, blocksize2 = (absmax, absmax, absmax), 1
+    absmax, nest, blocksize2 = _scales(weight, state, keep_absmax)
     out = torch.empty(state.shape, dtype=state.dtype, device=weight.device)
     n_bytes = state.shape.numel() // 2
     table = state.code.to(device=weight.device, dtype=torch.float32)
@@ -102,3 +107,52 @@ def dequantize(weight: torch.Tensor, state, keep_absmax: bool = False, program_b
         weight.reshape(-1), absmax, table, out, n_bytes, *nest, BLOCKSIZE=state.blocksize, BLOCKSIZE2=blocksize2,
         NESTED=blocksize2 > 1, BYTES=per, enable_fp_fusion=False, **({"num_warps": num_warps} if num_warps else {}))
     return out
+
+
+@triton.jit
+def _nf4_t_kernel(q_ptr, absmax_ptr, table_ptr, out_ptr, n_out, n_in, code2_ptr, absmax2_ptr, offset_ptr,
+                  BLOCKSIZE: tl.constexpr, BLOCKSIZE2: tl.constexpr, NESTED: tl.constexpr, BO: tl.constexpr,
+                  BI: tl.constexpr):
+    # One [BO x BI] tile of W [out x in] (BI whole quantisation blocks of a row), stored as its transpose into
+    # W^T [in x out]: the same codes, scales and arithmetic as _nf4_kernel, another layout of the output.
+    HALF: tl.constexpr = BI // 2  # packed bytes of the tile's row
+    rows = tl.program_id(0).to(tl.int64) * BO + tl.arange(0, BO)
+    col0 = tl.program_id(1).to(tl.int64) * BI
+    byte = (rows[:, None] * n_in + col0) // 2 + tl.arange(0, HALF)[None, :]  # [BO x HALF]
+    inside = rows[:, None] < n_out
+    q = tl.load(q_ptr + byte, mask=inside, other=0).to(tl.int32)
+    block = byte * 2 // BLOCKSIZE  # each byte's two weights lie in one block (BLOCKSIZE is even)
+    if NESTED:
+        code = tl.load(absmax_ptr + block, mask=inside, other=0).to(tl.int32)
+        scale = tl.load(code2_ptr + code) * tl.load(absmax2_ptr + block // BLOCKSIZE2, mask=inside, other=0.0)
+        scale = scale + tl.load(offset_ptr)
+    else:
+        scale = tl.load(absmax_ptr + block, mask=inside, other=0.0)
+    hi = tl.load(table_ptr + (q >> 4)) * scale
+    lo = tl.load(table_ptr + (q & 15)) * scale
+    w = tl.interleave(hi, lo).to(out_ptr.dtype.element_ty)  # [BO x BI]: weight 2j is byte j's high nibble
+    cols = col0 + tl.arange(0, BI)
+    tl.store(out_ptr + cols[:, None] * n_out + rows[None, :], tl.trans(w), mask=rows[None, :] < n_out)
+
+
+def runs_transposed(weight: torch.Tensor, state) -> bool:
+    """Whether `dequantize_t` takes `weight`: as `runs`, with rows of whole 128-weight tiles (its `in` a multiple of
+    128 and of the quantisation block)."""
+    n_in = state.shape[1] if len(state.shape) == 2 else 0
+    return runs(weight, state) and n_in % 128 == 0 and n_in % state.blocksize == 0
+
+
+def dequantize_t(weight: torch.Tensor, state, keep_absmax: bool = False) -> torch.Tensor:
+    """`dequantize(weight, state).t()` with the transpose's own layout: W^T [in x out] contiguous, returned as its
+    [out x in] view (strides 1, out). dX = dY @ that view is the GEMM of the forward's layout (both operands read
+    along K), where cuBLAS's kernels for dY @ W with W row-major ran slower on an H100 at 4,096 rows
+    (docs/runs/2026-11-27_h100d)."""
+    absmax, nest, blocksize2 = _scales(weight, state, keep_absmax)
+    n_out, n_in = state.shape
+    out = torch.empty(n_in, n_out, dtype=state.dtype, device=weight.device)
+    table = state.code.to(device=weight.device, dtype=torch.float32)
+    bo, bi = 64, 128
+    _nf4_t_kernel[(triton.cdiv(n_out, bo), n_in // bi)](
+        weight.reshape(-1), absmax, table, out, n_out, n_in, *nest, BLOCKSIZE=state.blocksize, BLOCKSIZE2=blocksize2,
+        NESTED=blocksize2 > 1, BO=bo, BI=bi, enable_fp_fusion=False)
+    return out.t()
