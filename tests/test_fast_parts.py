@@ -173,31 +173,6 @@ def test_triton_dequant_is_bitsandbytes_bit_for_bit_on_gpu(nested):
 
 @pytest.mark.gpu
 @requires_cuda
-@pytest.mark.parametrize("nested", [False, True])
-def test_triton_dequant_into_the_transpose_is_bitsandbytes_bit_for_bit_on_gpu(nested):
-    """nf4_kernels.dequantize_t: bitsandbytes' bits, laid out as W^T [in x out] and returned as its [out x in]
-    view, for Qwen2.5's gate and down, k's 512 rows, a row count that is no multiple of the kernel's 64-row tiles,
-    and 128-weight blocks; widths that are no multiple of 128 are left to dequantize."""
-    import bitsandbytes.functional as bnbf
-
-    from lorabench import nf4_kernels
-
-    torch.manual_seed(0)
-    for shape, blocksize in [((18944, 3584), 64), ((3584, 18944), 64), ((512, 3584), 64), ((200, 256), 64),
-                             ((384, 512), 128)]:
-        w = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
-        q, state = bnbf.quantize_4bit(w, blocksize=blocksize, quant_type="nf4", compress_statistics=nested)
-        assert nf4_kernels.runs_transposed(q, state)
-        reference = bnbf.dequantize_4bit(q, state)
-        for keep in (False, True):
-            t = nf4_kernels.dequantize_t(q, state, keep_absmax=keep)
-            assert t.shape == reference.shape and t.stride() == (1, shape[0]) and torch.equal(t, reference), shape
-    q, state = bnbf.quantize_4bit(torch.randn(96, 200, device="cuda"), quant_type="nf4")
-    assert nf4_kernels.runs(q, state) and not nf4_kernels.runs_transposed(q, state)
-
-
-@pytest.mark.gpu
-@requires_cuda
 @pytest.mark.parametrize("casting", ["llama", "gemma"])
 def test_norm_backward_grid_gives_liger_s_bits_on_gpu(monkeypatch, casting):
     """Liger's RMSNorm with a frozen weight, [3 x 2000 x 4096] bf16 (Llama's casting; Gemma's, with its +1

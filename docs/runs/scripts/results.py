@@ -1927,6 +1927,40 @@ def pytest_summary(path: Path) -> str:
     return path.read_text().strip().splitlines()[-1].strip("= ")
 
 
+H100D = "2026-11-27_h100d"  # 2026-11-27_h100d.sh c01e353 b1: one H100, dx_layout.py
+
+
+def md_rows(path: Path, title: str) -> dict[str, list[str]]:
+    """{first cell: the other cells} of the markdown table in `path` whose header's first cell is `title`."""
+    lines = path.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {title} |"))
+    rows = {}
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        rows[cells[0]] = cells[1:]
+    return rows
+
+
+def layout_text() -> str:
+    """What dx_layout.py measured: the input-gradient GEMMs with W or W^T's layout, and the dequantisation into each."""
+    path = RUNS / H100D / "dx_layout.md"
+    gpu = path.read_text().split(",")[0]
+    g, dq = md_rows(path, "qwen2.5-7b, 4096 rows"), md_rows(path, "qwen2.5-7b nf4 dequantisation")
+    tf = lambda group, layout: g[f"{group} dX, {layout}"][1]  # noqa: E731
+    ms = lambda w, label: dq[f"{w}, {label}"][0]  # noqa: E731
+    as_is, t = "W row-major (as is)", "W^T row-major, its view"
+    groups = ("q/k/v", "o", "gate/up", "down (dH)")
+    return ("Tried and dropped: the backward's input-gradient GEMMs with the dequantised weight laid out as W^T, so "
+            "that cuBLAS reads both operands along K as in the forward (`python docs/runs/scripts/dx_layout.py`, "
+            f"one {gpu}, commit c01e353, run dir [runs/{H100D}](runs/{H100D})). At Qwen2.5-7B's 4,096 rows, TFLOP/s "
+            "as fast runs them against W^T's layout: " + "; ".join(f"{k} {tf(k, as_is)} against {tf(k, t)}" for k in groups)
+            + f"; and the nf4 kernel writing W^T took {ms('gate/up 18944x3584', 'dequantize_t (W^T)')} ms for gate "
+            f"against {ms('gate/up 18944x3584', 'dequantize (W)')} (bits equal to bitsandbytes' in both). No gain: "
+            "the transposing kernel stayed in the script.")
+
+
 def h100c_section() -> str:
     """Issue 34's Qwen2.5-7B against Unsloth's best alone on an H100, with the two knobs of fast never measured on it;
     every GPU test at the commit that ran."""
@@ -1974,6 +2008,7 @@ def h100c_section() -> str:
         "which also hands the Trainer its parts from lorabench.fastpath; t3 ran that test and a fast cell trained "
         "through lorabench.loop with its layers captured against the same cell without: "
         f"{pytest_summary(d / 'gpu_tests_t3.txt')}.",
+        layout_text(),
         f"Run dir: [runs/{H100C}](runs/{H100C}) (`LIMIT_S=560 bash docs/runs/scripts/2026-11-27_h100c.sh d416a97 q1`, "
         "`... q2`, `LIMIT_S=570 ... t1`, `... t2`, `LIMIT_S=560 ... 0932904 t3`; the rounds' output in log_0.txt and "
         "log_0_t3.txt, the tests' in gpu_tests_t*.txt, "
