@@ -7,7 +7,7 @@
 #   r1: issue 34's Gemma-2-9B and Qwen3-8B, one round each of fast's defaults against Unsloth's best, at the layouts
 #       their searches found within 22 GiB at seq 1024 (2026-11-27_searched: Gemma-2 fast b4 with 0.375 of its layers
 #       recomputed, Unsloth b8 every layer recomputed, not offloaded; Qwen3 fast b4 with 0.25 recomputed, Unsloth b24
-#       every layer recomputed and offloaded): so far measured on H200s only.
+#       every layer recomputed and offloaded), whose rounds with graphs had run on H200s.
 #   LIMIT_S=300 bash docs/runs/scripts/2026-11-27_h100d.sh <commit> b1   (carry .whl; r1: .whl .whl_unsloth)
 set -u
 LIMIT_S=${LIMIT_S:-300}; source "$(dirname "$0")/device_setup.sh" "$@"  # wheels, environment, t0

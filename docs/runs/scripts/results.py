@@ -1567,11 +1567,12 @@ def each_ratios(b: dict) -> dict:
     return {k: tok("fast") / tok(k) if k in b and not b[k][0].cut_short else None for k in ("unsloth", "hf")}
 
 
-def each_rounds(run: str = EACH, calls: tuple[str, ...] = ("c1", "c2", "c3")) -> tuple[list[list], dict[str, list[float]]]:
+def each_rounds(run: str = EACH, calls: tuple[str, ...] = ("c1", "c2", "c3"),
+                models: dict[str, str] = EACH_ROUNDS) -> tuple[list[list], dict[str, list[float]]]:
     """One row per round of fast (its default parts: layers as CUDA graphs) and Unsloth's best on one GPU, and
     {model: each round's ratio} (unrounded: a ratio that shows as 1.150x may be under 1.15)."""
     rows, ratios = [], {}
-    for m, model in EACH_ROUNDS.items():
+    for m, model in models.items():
         for call in calls:
             for k in (1, 2, 3):
                 if not (RUNS / run / f"{m}_fast_{call}_{k}").is_dir():
@@ -1927,7 +1928,8 @@ def pytest_summary(path: Path) -> str:
     return path.read_text().strip().splitlines()[-1].strip("= ")
 
 
-H100D = "2026-11-27_h100d"  # 2026-11-27_h100d.sh c01e353 b1: one H100, dx_layout.py
+H100D = "2026-11-27_h100d"  # 2026-11-27_h100d.sh c01e353 b1 (dx_layout.py), b775017 r1 (rounds): H100s
+H100D_ROUNDS = {"gemma": "gemma-2-9b", "qwen3": "qwen3-8b"}  # r1's models
 
 
 def md_rows(path: Path, title: str) -> dict[str, list[str]]:
@@ -1961,6 +1963,19 @@ def layout_text() -> str:
             "the transposing kernel stayed in the script.")
 
 
+def others_text() -> str:
+    """Gemma-2-9B's and Qwen3-8B's round on an H100 (H100D's r1), at their searched layouts."""
+    rows, ratios = each_rounds(H100D, ("r1",), H100D_ROUNDS)
+    gpu = csv_gpu(RUNS / H100D / "gpu_r1.csv")
+    return ("Issue 34's two other models on an H100 (one round each, `LIMIT_S=560 bash "
+            f"docs/runs/scripts/2026-11-27_h100d.sh b775017 r1`, one {gpu}, run dir [runs/{H100D}](runs/{H100D})), "
+            "at the layouts their searches found within 22 GiB (Gemma-2-9B: fast b4 with 0.375 of its layers "
+            "recomputed, Unsloth b8 every layer recomputed; Qwen3-8B: fast b4 with 0.25 recomputed, Unsloth b24 every "
+            "layer recomputed and offloaded): "
+            + "; ".join(f"{r[0]} fast {r[3]} tok/s, Unsloth {r[5]}, {r[7]}" for r in rows)
+            + " (1.15x asked: " + ", ".join(f"{m} {verdict(x[0], 1.15)}" for m, x in ratios.items()) + ").")
+
+
 def h100c_section() -> str:
     """Issue 34's Qwen2.5-7B against Unsloth's best alone on an H100, with the two knobs of fast never measured on it;
     every GPU test at the commit that ran."""
@@ -1983,8 +1998,9 @@ def h100c_section() -> str:
     knob = {k: sum(ratios[k]) / sum(ratios["fast"][:n]) for k in ("sgemm", "sgabs")}
     spread = max(ratios["fast"][:n]) / min(ratios["fast"][:n]) - 1
     return "\n\n".join([
-        f"### Qwen2.5-7B against Unsloth's best alone on an H100, with two knobs of fast; every GPU test "
-        f"(one {csv_gpu(d / 'gpu_q1.csv')} on each of two machines, commits d416a97, 0932904)",
+        f"### Qwen2.5-7B against Unsloth's best alone on an H100, with two knobs of fast; Gemma-2-9B and Qwen3-8B on "
+        "an H100; every GPU test "
+        f"(one {csv_gpu(d / 'gpu_q1.csv')} on each of four machines, commits d416a97, 0932904, c01e353, b775017)",
         "`bash docs/runs/scripts/2026-11-27_h100c.sh`, one H100, four calls in a row, then a fifth (t3) on another H100 "
         "machine (the first had gone back while the code changed: t3's log.txt holds no earlier call). q1 and q2: one "
         "round each (q2 in q1's reverse order) of `python train.py +experiment=seed_optimum train.max_steps=14 train.untimed_steps=4 "
@@ -2009,6 +2025,7 @@ def h100c_section() -> str:
         "through lorabench.loop with its layers captured against the same cell without: "
         f"{pytest_summary(d / 'gpu_tests_t3.txt')}.",
         layout_text(),
+        others_text(),
         f"Run dir: [runs/{H100C}](runs/{H100C}) (`LIMIT_S=560 bash docs/runs/scripts/2026-11-27_h100c.sh d416a97 q1`, "
         "`... q2`, `LIMIT_S=570 ... t1`, `... t2`, `LIMIT_S=560 ... 0932904 t3`; the rounds' output in log_0.txt and "
         "log_0_t3.txt, the tests' in gpu_tests_t*.txt, "
@@ -2617,26 +2634,41 @@ def where(*sections: str) -> str:
     return f"docs/results.md's {', '.join(names)} section" + "s" * (len(names) > 1)
 
 
+def all_rounds() -> dict[str, list[tuple[str, float]]]:
+    """{model: [(section, fast's default cell over Unsloth's best)]} for every round of the two on one GPU since fast's
+    decoder layers were captured as CUDA graphs (BESTS, 8fd5be1; on by default since 76bf84f), run by run."""
+    out = {}
+    bc = bests_run()[0]
+    for k, rounds in bests_rounds(bc).items():
+        for r in rounds:
+            if "unsloth" in r:
+                out.setdefault(BESTS_MODELS[k], []).append(("bests", r["graphs"] / r["unsloth"]))
+    for row in searched_rounds(searched_cells()):
+        if row[6] != "-":
+            out.setdefault(row[0], []).append(("searched", float(row[6][:-1])))
+    for run, calls, sec, models in ((EACH, ("c1", "c2", "c3"), "each", EACH_ROUNDS),
+                                    (PACKED, ("c1", "c2", "c3"), "packed", EACH_ROUNDS),
+                                    (LAST_H200, ("c1",), "last", EACH_ROUNDS), (LAST_H100, ("h2",), "last", EACH_ROUNDS),
+                                    (H100B, H100B_CALLS, "h100b", EACH_ROUNDS), (H100C, H100C_CALLS, "h100c", EACH_ROUNDS),
+                                    (H100D, ("r1",), "h100c", H100D_ROUNDS)):
+        for m, x in each_rounds(run, calls, models)[1].items():
+            out.setdefault(m, []).extend((sec, v) for v in x)
+    return out
+
+
 def glance() -> str:
     """README's few lines: what holds now, from the newest runs (each backend searched in one command; each model
     against Unsloth's best round by round; the 70B cells). Every earlier figure is in docs/results.md, newest first."""
     bests = {n: each_bests(n) for n in EACH_SEARCHES}
     each = {n: each_ratios(b) for n, b in bests.items()}
     best = {n: b["fast"][1].metrics for n, b in bests.items()}
-    _, er = each_rounds()
-    secs = {m: ["each"] for m in er}  # the sections each model's rounds come from
-    for run, calls, sec in ((PACKED, ("c1", "c2", "c3"), "packed"), (LAST_H200, ("c1",), "last"), (LAST_H100, ("h2",), "last"),
-                           (H100B, H100B_CALLS, "h100b"), (H100C, H100C_CALLS, "h100c")):
-        for m, x in each_rounds(run, calls)[1].items():
-            er[m] = er.get(m, []) + x
-            secs[m] = secs.get(m, []) + [sec]
-    er_at = {m: where(*v) for m, v in secs.items()}
+    rounds = all_rounds()
+    er = {m: [x for _, x in v] for m, v in rounds.items()}
+    er_at = {m: where(*[sec for sec, _ in v]) for m, v in rounds.items()}
     packed = {n: each_ratios(each_bests(n, PACKED)) for n in PACKED_SEARCHES if n.startswith("packed")}
     pbest = {n: each_bests(n, PACKED)["fast"][1].metrics for n in packed}
     whole = {k: v[1].metrics for k, v in each_bests("whole_s1024", PACKED).items()}
     h100 = {k: v[1].metrics for k, v in each_bests("whole_s1024", H100B).items()}
-    sc = searched_rounds(searched_cells())
-    sr = {m: [float(r[6][:-1]) for r in sc if r[0] == m and r[6] != "-"] for m in SEARCHED_MODELS.values()}
     bc = bests_run()[0]
     br, bt = bests_rounds(bc), {n: r for _, n, r in bc}
     bx = lambda m, b, n=3: "-".join(sorted({f"{f(k['graphs'] / k[b] for k in br[m] if b in k):.{n}f}x"  # noqa: E731
@@ -2657,13 +2689,13 @@ def glance() -> str:
             f"seq {n.split('_s')[1]} fast {pbest[n]['perf/tokens_per_s']:,.0f} non-pad tok/s, {x['hf']:.2f}x hf's best, "
             f"{x['unsloth']:.2f}x Unsloth's (without a varlen kernel)" for n, x in packed.items())
         + f" ({where('packed')}).",
-        "- fast against Unsloth's best, round by round on one GPU, within 22 GiB at seq 1024 (issue 34 asks 1.15x): "
+        "- fast against Unsloth's best, round by round on one GPU, within 22 GiB at seq 1024, every round since fast's "
+        "decoder layers run as CUDA graphs (issue 34 asks 1.15x): "
         + "; ".join(f"{m} {span(x)} in {len(x)} rounds (median {statistics.median(x):.3f}x), "
                     f"{sum(v >= 1.15 for v in x)} of them at or over 1.15x "
-                    f"({er_at[m]})" for m, x in er.items()) + "; "
-        + "; ".join(f"{m} {span(x)} ({where('searched')})" for m, x in sr.items()
-                    if x and m not in er) + " (Unsloth's cell moves with its host from round to round: its slowest "
-        "rounds give the highest ratios). Over hf's best in one run per model: "
+                    f"({er_at[m]})" for m, x in er.items())
+        + " (Unsloth's cell moves with its host from round to round: its slowest rounds give the highest ratios). "
+        "Over hf's best in one run per model: "
         + "; ".join(f"{m} {bx(k, 'hf', 2)}" for k, m in BESTS_MODELS.items()) + f" ({where('bests')}). "
         "Mistral-7B on the whole GPU, both searched in one sweep: "
         f"{whole['fast']['perf/tokens_per_s'] / whole['unsloth']['perf/tokens_per_s']:.2f}x Unsloth's best on an H200 at seq 1024 "
@@ -2706,7 +2738,7 @@ seq 2048), and Unsloth two batch sizes with every layer recomputed (its own defa
 those cells, not against their best: hf with fewer layers recomputed or a larger batch may be faster (at seq 512 its
 batch 16 also fits in 22 GiB, see "What fits" below), and so may Unsloth with fewer layers recomputed.
 
-## Newest: Qwen2.5-7B against Unsloth alone on an H100 with two knobs of fast, every GPU test (d416a97, 0932904); the whole H100 with fast and Unsloth searched in one sweep, the seq-2048 bests profiled on an H100, Llama-3.1-8B and Qwen2.5-7B in rounds on an H100 (e8e9497, 73f520a); the whole-GPU bests profiled side by side, fixed rows at seq 2048 searched again, fast searched on the whole H100, Qwen2.5-7B on an H200 and an H100 (55d5f2d, 9053ed3); packed rows captured as CUDA graphs, each backend searched on packed ShareGPT at seq 512, 1024 and 2048 and on the whole GPU, Qwen2.5-7B against Unsloth's best again (077e803); each backend searched in one command on fixed-length rows at seq 512, 1024 and 2048 and on packed ShareGPT, fast with its layers as CUDA graphs by default, Llama-3.1-8B and Qwen2.5-7B against Unsloth's best again (76bf84f); Qwen2.5-7B and Gemma-2-9B against Unsloth's best again, fast with graphs searched (2eaaca1, 61b4afc, 7939db1); recomputed layers captured too (bd3db68); each backend's best in one run per model, fast's layers as CUDA graphs, the whole GPU with graphs (8fd5be1); issue 34's four models with their layers replayed as chained CUDA graphs (7e37edc, 1a5bb50, f39a56e); Qwen2.5-7B's best with its layers replayed as CUDA graphs (ae17285); fewer host launches per decoder layer, the missed bests on three machines (fb80e4e, f456dd2); the L4 source cell's memory and the source's recipe (a5f98af, 6240b39); where fast's host time goes on the missed bests, measured again (54da436, 818a2d8); the whole H100, the missed bests profiled side by side, the L4 cell alone and its memory (dfa9325, 44e073d); Gemma-2 with flex attention, Unsloth on packed rows, hf's bests profiled, the L4 check (7702139); what the searches still missed, the bests profiled (8867807); each backend searched per model on one 4 x H200 machine (669aa8c); the loss head, fast and Unsloth searched again (b93a4ae, 06130bd); hf, fast and Unsloth each searched (commit 6a9ca22); each model's searched best, Llama-3.3-70B (3bc030e), searched bests of Mistral-7B (c836200, 50f810d)"""
+## Newest: Qwen2.5-7B against Unsloth alone on an H100 with two knobs of fast, Gemma-2-9B and Qwen3-8B on an H100, every GPU test (d416a97, 0932904, b775017); the whole H100 with fast and Unsloth searched in one sweep, the seq-2048 bests profiled on an H100, Llama-3.1-8B and Qwen2.5-7B in rounds on an H100 (e8e9497, 73f520a); the whole-GPU bests profiled side by side, fixed rows at seq 2048 searched again, fast searched on the whole H100, Qwen2.5-7B on an H200 and an H100 (55d5f2d, 9053ed3); packed rows captured as CUDA graphs, each backend searched on packed ShareGPT at seq 512, 1024 and 2048 and on the whole GPU, Qwen2.5-7B against Unsloth's best again (077e803); each backend searched in one command on fixed-length rows at seq 512, 1024 and 2048 and on packed ShareGPT, fast with its layers as CUDA graphs by default, Llama-3.1-8B and Qwen2.5-7B against Unsloth's best again (76bf84f); Qwen2.5-7B and Gemma-2-9B against Unsloth's best again, fast with graphs searched (2eaaca1, 61b4afc, 7939db1); recomputed layers captured too (bd3db68); each backend's best in one run per model, fast's layers as CUDA graphs, the whole GPU with graphs (8fd5be1); issue 34's four models with their layers replayed as chained CUDA graphs (7e37edc, 1a5bb50, f39a56e); Qwen2.5-7B's best with its layers replayed as CUDA graphs (ae17285); fewer host launches per decoder layer, the missed bests on three machines (fb80e4e, f456dd2); the L4 source cell's memory and the source's recipe (a5f98af, 6240b39); where fast's host time goes on the missed bests, measured again (54da436, 818a2d8); the whole H100, the missed bests profiled side by side, the L4 cell alone and its memory (dfa9325, 44e073d); Gemma-2 with flex attention, Unsloth on packed rows, hf's bests profiled, the L4 check (7702139); what the searches still missed, the bests profiled (8867807); each backend searched per model on one 4 x H200 machine (669aa8c); the loss head, fast and Unsloth searched again (b93a4ae, 06130bd); hf, fast and Unsloth each searched (commit 6a9ca22); each model's searched best, Llama-3.3-70B (3bc030e), searched bests of Mistral-7B (c836200, 50f810d)"""
 CURRENT = """## hf, fast and Unsloth on the same rows (commit 22c8b76)
 
 Unsloth runs only on the fixed-length rows: its patched attention is not known to keep packed samples apart."""
