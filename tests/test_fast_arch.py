@@ -109,6 +109,7 @@ def test_every_key_of_backend_fast_is_a_part_of_the_table():
     assert [p.key for p in fastpath.parts_on(fast_cfg("backend.liger=[rope]"))] == \
         [p.key for p in fastpath.PARTS if p.key in keys]
 
+
 def test_the_trainer_s_parts_act_where_the_table_says_they_need():
     """What lorabench.loop hands the Trainer comes from the table: cuda_graphs acts through fused_lora and on CUDA
     only (elsewhere the cell runs without it), gc_every where it is not 0, the others where they are on."""
@@ -120,7 +121,6 @@ def test_the_trainer_s_parts_act_where_the_table_says_they_need():
     off = fastpath.trainer_parts(fast_cfg("backend.flat_optimizer=false", "backend.lean_step=false",
                                           "backend.gc_every=50"), cpu)
     assert (off.flat_optimizer, off.lean_step, off.gc_every) == (False, False, 50)
-
 
 
 def test_liger_patch_is_refused_where_the_architecture_lacks_what_its_kernel_computes():

@@ -107,4 +107,3 @@ def dequantize(weight: torch.Tensor, state, keep_absmax: bool = False, program_b
         weight.reshape(-1), absmax, table, out, n_bytes, *nest, BLOCKSIZE=state.blocksize, BLOCKSIZE2=blocksize2,
         NESTED=blocksize2 > 1, BYTES=per, enable_fp_fusion=False, **({"num_warps": num_warps} if num_warps else {}))
     return out
-
