@@ -288,6 +288,10 @@ class Part:
     # Why the part cannot run with the model sharded over processes (train.parallel=fsdp); "" = it can.
     unsharded: str = ""
 
+    def reaches(self, c: Config) -> bool:
+        """Whether one of the parts it acts through is on (a part without `through` acts on its own)."""
+        return not self.through or any(PART[t].on(c) for t in self.through)
+
     def on(self, c: Config) -> bool:
         if self.key == "upcast_fp32":  # the part is its absence: bf16 norms and residual stream
             return not c.backend.upcast_fp32
@@ -488,7 +492,7 @@ def check_parts(c: Config, hf, device: torch.device) -> None:
         if part.key == "liger" and importlib.util.find_spec("liger_kernel") is None:
             raise RuntimeError(f"backend={name} needs Liger-Kernel: pip install liger-kernel "
                                f"(or backend.liger=[] to run without its kernels)")
-        if part.through and not {p.key for p in on}.intersection(part.through):
+        if not part.reaches(c):
             log.info("backend.%s acts through %s, none of them on: it does nothing here", part.key,
                      "/".join(part.through))
 
@@ -497,8 +501,7 @@ def acts(key: str, c: Config, device: torch.device) -> bool:
     """Whether the part `key` acts in this cell: on, with one of the parts it acts through on, and on CUDA where
     it is CUDA only (Cuda.ONLY: elsewhere the cell runs without it, the same model)."""
     part = PART[key]
-    return part.on(c) and (not part.through or any(PART[t].on(c) for t in part.through)) \
-        and (part.cuda is not Cuda.ONLY or device.type == "cuda")
+    return part.on(c) and part.reaches(c) and (part.cuda is not Cuda.ONLY or device.type == "cuda")
 
 
 @dataclass(frozen=True)
@@ -513,8 +516,7 @@ class TrainerParts:
 
 def trainer_parts(c: Config, device: torch.device) -> TrainerParts:
     return TrainerParts(flat_optimizer=acts("flat_optimizer", c, device), lean_step=acts("lean_step", c, device),
-                        cuda_graphs=acts("cuda_graphs", c, device),
-                        gc_every=c.backend.gc_every if acts("gc_every", c, device) else 0)
+                        cuda_graphs=acts("cuda_graphs", c, device), gc_every=c.backend.gc_every)
 
 
 def apply(model, c: Config, device: torch.device, stage: Stage):

@@ -154,7 +154,7 @@ def resume_state(c: Config, ckpt_dir: Path, steps_file: Path, result: CellResult
 
 
 def watch_training(c: Config, device: torch.device, run_dir: Path, steps_file: Path, resume: Resume,
-                   logger: MetricLogger, rank: int, first_layer: torch.nn.Module, gc_every: int = 0) -> Watch:
+                   logger: MetricLogger, rank: int, first_layer: torch.nn.Module, gc_every: int) -> Watch:
     """The meter that times the steps after the untimed ones (Python's collector every `gc_every` steps: see
     StepMeter), the samplers, the matmul-width probe on the model's first decoder layer, and the callbacks."""
     sampler = NvmlSampler(device) if device.type == "cuda" else None

@@ -8,6 +8,7 @@ Every figure is read from a cell's metrics.json / steps.jsonl / profile.txt; the
 lorabench.analysis and lorabench.plots (the sweep report's own functions) and from the closing-round script
 2026-11-24_final_tables.py. Ratios are only between cells of one table: the same GPU, the same run, the same rows.
 """
+import functools
 import importlib.util
 import json
 import re
@@ -2638,6 +2639,7 @@ def where(*sections: str) -> str:
     return f"docs/results.md's {', '.join(names)} section" + "s" * (len(names) > 1)
 
 
+@functools.cache  # read by the h100c section and by the glance: the run dirs once
 def all_rounds() -> dict[str, list[tuple[str, float]]]:
     """{model: [(section, fast's default cell over Unsloth's best)]} for every round of the two on one GPU since fast's
     decoder layers were captured as CUDA graphs (BESTS, 8fd5be1; on by default since 76bf84f), run by run."""
