@@ -274,17 +274,17 @@ def test_ce_chunk_mem_reaches_ligers_fused_loss_for_the_cell_and_is_undone(monke
     functional = types.SimpleNamespace(liger_fused_linear_cross_entropy=flce)
     monkeypatch.setitem(sys.modules, "liger_kernel.transformers.functional", functional)
     cfg = lambda *o: OmegaConf.to_object(compose_cfg(["backend=fast", *o]))  # noqa: E731
-    with fastpath._loss_chunks(cfg("backend.ce_chunk_mem=8")):
+    with fastpath._loss_head(cfg("backend.ce_chunk_mem=8")):
         assert functional.liger_fused_linear_cross_entropy(None, None, None) == 8
         assert list(inspect.signature(functional.liger_fused_linear_cross_entropy).parameters) == \
             ["input", "weight", "target", "bias", "reduction", "chunk_mem_const"]
     assert functional.liger_fused_linear_cross_entropy is flce
     for off in ("backend.ce_chunk_mem=1", "backend.liger=[rms_norm]"):  # Liger's chunking; no fused loss
-        with fastpath._loss_chunks(cfg(off)):
+        with fastpath._loss_head(cfg(off)):
             assert functional.liger_fused_linear_cross_entropy is flce
     functional.liger_fused_linear_cross_entropy = lambda input, weight, target: 1  # a Liger without the knob
-    with pytest.raises(RuntimeError, match=r"backend.ce_chunk_mem=8: .* takes no chunk_mem_const"):
-        with fastpath._loss_chunks(cfg("backend.ce_chunk_mem=8")):
+    with pytest.raises(RuntimeError, match=r"backend.ce_chunk_mem=8 backend.loss_on_device=false: .* takes no chunk_mem_const"):
+        with fastpath._loss_head(cfg("backend.ce_chunk_mem=8")):
             pass
     assert [p.key for p in fastpath.parts_on(cfg("backend.liger=[]", "backend.ce_chunk_mem=8"))].count("ce_chunk_mem") == 1
     assert "ce_chunk_mem" not in [p.key for p in fastpath.parts_on(cfg("backend.liger=[]", "backend.ce_chunk_mem=1"))]

@@ -514,6 +514,11 @@ class BackendConfig:
     # hidden into 32 chunks of 128 rows, whose input-gradient GEMMs ([128 x 128,256] x [128,256 x 4,096])
     # fill few of the GPU's SMs; 8 makes them 1,024 rows at 8 x 32 MiB = 256 MiB of bf16 logits.
     ce_chunk_mem: int = 1
+    # On CUDA, Liger's fused linear cross-entropy without its two waits for the device a step (the labelled
+    # tokens counted on the host before the head's first chunk, the upstream gradient compared with 1.0 on
+    # the host in the backward): the same chunks and kernels with the count and the scale kept on the device
+    # (lorabench.loss_kernels). After each wait the GPU idles while the host launches what comes next.
+    loss_on_device: bool = False
     # QLoRA's prepare_model_for_kbit_training casts every unquantised weight (embeddings, norms, output
     # head) to fp32: the residual stream then runs in fp32 and every linear layer's input is cast back
     # to bf16. false keeps them in bf16 (LoRA adapters stay fp32 either way).

@@ -396,6 +396,9 @@ PARTS = (
          "architecture (LIGER)", Stage.BEFORE_LORA, Cuda.REQUIRED, lacks=_liger_lacks, apply=_apply_liger),
     Part("ce_chunk_mem", "Liger's fused linear cross-entropy in larger chunks (its chunk_mem_const)", Stage.CELL,
          Cuda.ONLY, through=("liger",)),
+    Part("loss_on_device", "Liger's fused linear cross-entropy without its two host round trips a step: the "
+         "token count and the backward's scale kept on the device (lorabench.loss_kernels)", Stage.CELL,
+         Cuda.ONLY, through=("liger",)),
     Part("upcast_fp32", "(false) norms, embeddings and head kept in bf16: a bf16 residual stream", Stage.LORA),
     Part("fused_lora", "the attention's projections and adapters in one autograd Function per group "
          "(lorabench.fused)", Stage.AFTER_LORA, lacks=_attention_lacks, apply=_apply_fused_lora,
@@ -539,28 +542,38 @@ def around_cell(c: Config, hf=None):
     from lorabench import lean_launch, norm_kernels
 
     lean = c.backend.lean_launch and torch.cuda.is_available() and importlib.util.find_spec("triton") is not None
-    with _allocator(c), _liger_undone(c, hf), _loss_chunks(c), lean_launch.patched(lean), \
+    with _allocator(c), _liger_undone(c, hf), _loss_head(c), lean_launch.patched(lean), \
             norm_kernels.frozen_weight_grid(c.backend.norm_backward_grid and "rms_norm" in c.backend.liger):
         yield
 
 
 @contextlib.contextmanager
-def _loss_chunks(c: Config):
-    """Liger's fused linear cross-entropy called with chunk_mem_const=backend.ce_chunk_mem. Every
-    architecture's Liger forward reaches it through liger_kernel.transformers.functional's
-    liger_fused_linear_cross_entropy (0.8.5's loss_utils looks it up there on each call), which takes the
-    knob but is never given it by those forwards."""
-    if c.backend.ce_chunk_mem == 1 or "fused_linear_cross_entropy" not in c.backend.liger:
+def _loss_head(c: Config):
+    """Liger's fused linear cross-entropy as the cell asks: in chunks of backend.ce_chunk_mem (its
+    chunk_mem_const), and with backend.loss_on_device on CUDA without its host round trips
+    (lorabench.loss_kernels). Every architecture's Liger forward reaches it through
+    liger_kernel.transformers.functional's liger_fused_linear_cross_entropy (0.8.5's loss_utils looks it up
+    there on each call), which takes the knob but is never given it by those forwards."""
+    on_device = c.backend.loss_on_device and torch.cuda.is_available()
+    if "fused_linear_cross_entropy" not in c.backend.liger or (c.backend.ce_chunk_mem == 1 and not on_device):
         yield
         return
     functional = importlib.import_module("liger_kernel.transformers.functional")
     original = functional.liger_fused_linear_cross_entropy
+    asked = f"backend.ce_chunk_mem={c.backend.ce_chunk_mem} backend.loss_on_device={str(on_device).lower()}"
     if "chunk_mem_const" not in inspect.signature(original).parameters:
-        raise RuntimeError(f"backend.ce_chunk_mem={c.backend.ce_chunk_mem}: this liger-kernel's fused linear "
-                           "cross-entropy takes no chunk_mem_const (0.8.5's does); use backend.ce_chunk_mem=1")
+        raise RuntimeError(f"{asked}: this liger-kernel's fused linear cross-entropy takes no chunk_mem_const "
+                           "(0.8.5's does); use backend.ce_chunk_mem=1 backend.loss_on_device=false")
+    loss = original
+    if on_device:
+        from lorabench import loss_kernels
+
+        if (differs := loss_kernels.kernel_differs()) is not None:
+            raise RuntimeError(f"{asked}: {differs}; use backend.loss_on_device=false")
+        loss = functools.partial(loss_kernels.fused_linear_cross_entropy, liger=original)
     # wraps: loss_utils keeps the keywords that the original's signature (__wrapped__) names
     functional.liger_fused_linear_cross_entropy = functools.wraps(original)(
-        functools.partial(original, chunk_mem_const=c.backend.ce_chunk_mem))
+        functools.partial(loss, chunk_mem_const=c.backend.ce_chunk_mem))
     try:
         yield
     finally:

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Issue 34's Qwen2.5-7B on one H100 (device kind nvidia-h100-x1), alone on its machine, after fast's fused loss lost
+# its two waits for the GPU a step (backend.loss_on_device):
+#   e1: docs/runs/scripts/dequant_store.py (the nf4 kernel against two ways of writing its output, timed in CUDA
+#       graphs); the GPU tests of tests/test_loss_kernels.py; one round within 22 GiB at seq 1024 (fixed-length
+#       rows, b4, nothing recomputed): fast's defaults, fast with backend.loss_on_device=false, Unsloth's best.
+#   LIMIT_S=560 bash docs/runs/scripts/2026-11-27_h100e.sh <commit> e1   (carry .whl .whl_unsloth .gpudata)
+set -u
+LIMIT_S=${LIMIT_S:-560}; source "$(dirname "$0")/device_setup.sh" "$@"  # wheels, ShareGPT, environment, t0
+source "$(dirname "$0")/gpu_lists.sh" "$@"  # /tmp/runs, the clocks, left, sweep, rounds, pack_call
+cell="-m +experiment=seed_optimum train.max_steps=14 train.untimed_steps=4 gpu=a10 seq_len=1024"
+b4="batch=4 train.gradient_checkpointing=false"
+tests() {  # tests <files...>: the GPU tests of those files, their summary into $OUT/gpu_tests_<call>.txt
+  timeout $(( $(left) - 10 )) python3 -m pytest -m gpu -q -rA -p no:cacheprovider "$@" > $OUT/gpu_tests_$call.txt 2>&1
+  tail -3 $OUT/gpu_tests_$call.txt; }
+case $call in
+  e1) (cd docs/runs/scripts && timeout 150 python3 dequant_store.py) > $OUT/dequant_store_$call.md 2>&1
+      tail -4 $OUT/dequant_store_$call.md
+      tests tests/test_loss_kernels.py
+      rounds 0 qwen qwen2.5-7b 1 "fast: backend=fast $b4 | waits: backend=fast $b4 backend.loss_on_device=false | \
+        unsloth: backend=unsloth $b4" ;;
+esac
+grep -h "^gpu 0 .*exit" $R/log_0.txt 2>/dev/null | tail -6
+pack_call $2
