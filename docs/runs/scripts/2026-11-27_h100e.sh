@@ -4,6 +4,8 @@
 #   e1: docs/runs/scripts/dequant_store.py (the nf4 kernel against two ways of writing its output, timed in CUDA
 #       graphs); the GPU tests of tests/test_loss_kernels.py; one round within 22 GiB at seq 1024 (fixed-length
 #       rows, b4, nothing recomputed): fast's defaults, fast with backend.loss_on_device=false, Unsloth's best.
+#   e2, e3: fast's defaults profiled (16 steps: 4 untimed, 2 profiled, 10 timed; where an H100's step goes while the
+#       GPU draws its 700 W cap), then two rounds of fast's defaults and Unsloth's best (e3: three rounds).
 #   LIMIT_S=560 bash docs/runs/scripts/2026-11-27_h100e.sh <commit> e1   (carry .whl .whl_unsloth .gpudata)
 set -u
 LIMIT_S=${LIMIT_S:-560}; source "$(dirname "$0")/device_setup.sh" "$@"  # wheels, ShareGPT, environment, t0
@@ -19,6 +21,9 @@ case $call in
       tests tests/test_loss_kernels.py
       rounds 0 qwen qwen2.5-7b 1 "fast: backend=fast $b4 | waits: backend=fast $b4 backend.loss_on_device=false | \
         unsloth: backend=unsloth $b4" ;;
+  e2) sweep 0 qwen_prof_$call $profiled_cells model=qwen2.5-7b backend=fast $b4
+      rounds 0 qwen qwen2.5-7b 2 "fast: backend=fast $b4 | unsloth: backend=unsloth $b4" ;;
+  e3) rounds 0 qwen qwen2.5-7b 3 "fast: backend=fast $b4 | unsloth: backend=unsloth $b4" ;;
 esac
 grep -h "^gpu 0 .*exit" $R/log_0.txt 2>/dev/null | tail -6
 pack_call $2
