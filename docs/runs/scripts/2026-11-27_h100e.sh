@@ -6,6 +6,11 @@
 #       rows, b4, nothing recomputed): fast's defaults, fast with backend.loss_on_device=false, Unsloth's best.
 #   e2, e3: fast's defaults profiled (16 steps: 4 untimed, 2 profiled, 10 timed; where an H100's step goes while the
 #       GPU draws its 700 W cap), then two rounds of fast's defaults and Unsloth's best (e3: three rounds).
+#   t1: the GPU tests of every architecture's fast path against hf (tests/test_fast_arch.py), of the backends, the CUDA
+#       graphs and the input-gradient kernels, at this commit: each fast cell's loss now goes through
+#       lorabench.loss_kernels (Gemma-2's soft-capped head too).
+#   h1 (kind nvidia-h200: an H200): two rounds, the second in reverse order, of fast's defaults, fast with
+#       backend.loss_on_device=false and Unsloth's best.
 #   LIMIT_S=560 bash docs/runs/scripts/2026-11-27_h100e.sh <commit> e1   (carry .whl .whl_unsloth .gpudata)
 set -u
 LIMIT_S=${LIMIT_S:-560}; source "$(dirname "$0")/device_setup.sh" "$@"  # wheels, ShareGPT, environment, t0
@@ -23,6 +28,9 @@ case $call in
         unsloth: backend=unsloth $b4" ;;
   e2) sweep 0 qwen_prof_$call $profiled_cells model=qwen2.5-7b backend=fast $b4
       rounds 0 qwen qwen2.5-7b 2 "fast: backend=fast $b4 | unsloth: backend=unsloth $b4" ;;
+  t1) tests tests/test_fast_arch.py tests/test_backends.py tests/test_graphs.py tests/test_grad_kernels.py ;;
+  h1) rounds 0 qwen qwen2.5-7b 2 "fast: backend=fast $b4 | waits: backend=fast $b4 backend.loss_on_device=false | \
+        unsloth: backend=unsloth $b4" ;;
   e3) rounds 0 qwen qwen2.5-7b 3 "fast: backend=fast $b4 | unsloth: backend=unsloth $b4" ;;
 esac
 grep -h "^gpu 0 .*exit" $R/log_0.txt 2>/dev/null | tail -6
