@@ -9,8 +9,11 @@
 #   t1: the GPU tests of every architecture's fast path against hf (tests/test_fast_arch.py), of the backends, the CUDA
 #       graphs and the input-gradient kernels, at this commit: each fast cell's loss now goes through
 #       lorabench.loss_kernels (Gemma-2's soft-capped head too).
-#   h1 (kind nvidia-h200: an H200): two rounds, the second in reverse order, of fast's defaults, fast with
+#   h1 (asked for an H200; the H100 held ran it): two rounds, the second in reverse order, of fast's defaults, fast with
 #       backend.loss_on_device=false and Unsloth's best.
+#   m1: the other GPU tests of the fast path's parts (t2 of 2026-11-27_h100c.sh), then one round each of Llama-3.1-8B,
+#       Gemma-2-9B and Qwen3-8B, fast's defaults against Unsloth's best at their searched layouts (2026-11-27_h100b.sh,
+#       2026-11-27_h100d.sh), as far as the call's time goes.
 #   LIMIT_S=560 bash docs/runs/scripts/2026-11-27_h100e.sh <commit> e1   (carry .whl .whl_unsloth .gpudata)
 set -u
 LIMIT_S=${LIMIT_S:-560}; source "$(dirname "$0")/device_setup.sh" "$@"  # wheels, ShareGPT, environment, t0
@@ -31,6 +34,14 @@ case $call in
   t1) tests tests/test_fast_arch.py tests/test_backends.py tests/test_graphs.py tests/test_grad_kernels.py ;;
   h1) rounds 0 qwen qwen2.5-7b 2 "fast: backend=fast $b4 | waits: backend=fast $b4 backend.loss_on_device=false | \
         unsloth: backend=unsloth $b4" ;;
+  m1) tests tests/test_fast_parts.py tests/test_fused.py tests/test_gpu.py tests/test_flat_optim.py \
+        tests/test_lean_launch.py tests/test_offload.py tests/test_packed_attention.py tests/test_random_weights.py \
+        tests/test_bench.py tests/test_fsdp.py
+      rounds 0 llama llama-3.1-8b 1 "fast: backend=fast $b4 | unsloth: backend=unsloth $b4"
+      rounds 0 gemma gemma-2-9b 1 "fast: backend=fast batch=4 $ckpt=0.375 | \
+        unsloth: backend=unsloth batch=8 $ckpt=1 backend.unsloth_offload=false"
+      rounds 0 qwen3 qwen3-8b 1 "fast: backend=fast batch=4 $ckpt=0.25 | \
+        unsloth: backend=unsloth batch=24 $ckpt=1 backend.unsloth_offload=true" ;;
   e3) rounds 0 qwen qwen2.5-7b 3 "fast: backend=fast $b4 | unsloth: backend=unsloth $b4" ;;
 esac
 grep -h "^gpu 0 .*exit" $R/log_0.txt 2>/dev/null | tail -6
