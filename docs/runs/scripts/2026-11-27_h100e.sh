@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Issue 34's Qwen2.5-7B on one H100 (device kind nvidia-h100-x1), alone on its machine, after fast's fused loss lost
+# Issue 34 on one H100 a machine (device kind nvidia-h100-x1), alone on it, after fast's fused loss lost
 # its two waits for the GPU a step (backend.loss_on_device):
 #   e1: docs/runs/scripts/dequant_store.py (the nf4 kernel against two ways of writing its output, timed in CUDA
 #       graphs); the GPU tests of tests/test_loss_kernels.py; one round within 22 GiB at seq 1024 (fixed-length
 #       rows, b4, nothing recomputed): fast's defaults, fast with backend.loss_on_device=false, Unsloth's best.
-#   e2, e3: fast's defaults profiled (16 steps: 4 untimed, 2 profiled, 10 timed; where an H100's step goes while the
-#       GPU draws its 700 W cap), then two rounds of fast's defaults and Unsloth's best (e3: three rounds).
+#   e2, e3: fast's defaults profiled (16 steps: 4 untimed, 2 profiled, 10 timed; the line lacks seq_len=1024, so it
+#       ran the experiment's seq 512), then two rounds of fast's defaults and Unsloth's best (e3: three rounds).
 #   t1: the GPU tests of every architecture's fast path against hf (tests/test_fast_arch.py), of the backends, the CUDA
 #       graphs and the input-gradient kernels, at this commit: each fast cell's loss now goes through
 #       lorabench.loss_kernels (Gemma-2's soft-capped head too).

@@ -2038,6 +2038,144 @@ def h100c_section() -> str:
         "`python bench.py sweep_dir=<dir>`). Table: " + cmd("h100c")])
 
 
+H100E = "2026-11-27_h100e"  # 2026-11-27_h100e.sh a3663d9 e1, 042ddf6 e2, e3, acf906b t1, h1, ba36922 m1, 57c42a1 m2
+H100E_CALLS = ("e1", "e2", "e3", "h1", "m1", "m2")
+H100E_ROUNDS = {"qwen": "qwen2.5-7b", "llama": "llama-3.1-8b", "gemma": "gemma-2-9b", "qwen3": "qwen3-8b"}
+
+
+def loss_pairs() -> list[list]:
+    """fast's Qwen2.5-7B cell with backend.loss_on_device (its default) and without, in the same round: the table's
+    rows, the last cell each step's milliseconds saved over the window (a float)."""
+    rows = []
+    for call in H100E_CALLS:
+        for k in (1, 2, 3):
+            if not (RUNS / H100E / f"qwen_waits_{call}_{k}").is_dir():
+                continue
+            cells = [run_cell(H100E, f"qwen_{b}_{call}_{k}") for b in ("fast", "waits")]
+            (on, off), tokens = [c.metrics for c in cells], cells[0].config["batch"] * cells[0].config["seq_len"]
+            saved = 1e3 * tokens * (1 / off["perf/tokens_per_s"] - 1 / on["perf/tokens_per_s"])
+            rows.append([call, str(k), f"{on['perf/tokens_per_s']:,.0f} ({an.p50_tokens_per_s(on):,.0f})",
+                         f"{off['perf/tokens_per_s']:,.0f} ({an.p50_tokens_per_s(off):,.0f})",
+                         f"{100 * (on['perf/tokens_per_s'] / off['perf/tokens_per_s'] - 1):+.1f}% "
+                         f"({100 * (an.p50_tokens_per_s(on) / an.p50_tokens_per_s(off) - 1):+.1f}%)",
+                         f"{1e3 * tokens / on['perf/tokens_per_s']:.1f}", saved])
+    return rows
+
+
+def misses_text(rounds: list[tuple[str, float]], target: float = 1.15) -> str:
+    """Where the rounds under `target` were: how many per section, with the section's GPU (the clocks file of its run,
+    for the sections all_rounds reads)."""
+    gpus = {"searched": (SEARCHED_RUN, "gpu_c1.csv"), "bests": (BESTS, "gpu_c1.csv"), "each": (EACH, "gpu_c1.csv"),
+            "packed": (PACKED, "gpu_c1.csv"), "h100b": (H100B, "gpu_h1.csv"), "h100c": (H100C, "gpu_q1.csv"),
+            "h100e": (H100E, "gpu_e1.csv")}
+    by = {}
+    for sec, x in rounds:
+        if x < target:
+            by[sec] = by.get(sec, 0) + 1
+    gpu = lambda sec: f" ({csv_gpu(RUNS / gpus[sec][0] / gpus[sec][1])})" if sec in gpus else ""  # noqa: E731
+    return "; ".join(f"{n} in {where(sec)}{gpu(sec)}" for sec, n in by.items())
+
+
+def power_rows(cells: list[str]) -> list[list[str]]:
+    """Each cell's NVML figures over its timed steps: GPU busy, board power, share of samples at the cap, SM clock."""
+    out = []
+    for name in cells:
+        m = run_cell(H100E, name).metrics
+        out.append([name, f"{m['perf/tokens_per_s']:,.0f}", f"{m['gpu/util_mean_pct']:.0f}",
+                    f"{m['gpu/power_mean_w']:.0f}", f"{100 * m['gpu/power_capped_frac']:.0f}",
+                    f"{m['gpu/sm_clock_mean_mhz']:,.0f}"])
+    return out
+
+
+def idle_lines(path: Path, n: int = 3) -> str:
+    """The `n` largest idle spans of a profiled step (profile.txt's idle category)."""
+    lines = path.read_text().split("\nidle:\n")[1].split("\n\n")[0].splitlines()[:n]
+    return "; ".join(re.sub(r"\s+", " ", x.strip()) for x in lines)
+
+
+def h100e_section() -> str:
+    """fast's fused loss without its waits for the GPU, Qwen2.5-7B against Unsloth's best round by round on H100s at
+    the new default, the other three models, the nf4 kernel's output stores, the GPU tests at the new code."""
+    d = RUNS / H100E
+    rows, ratios = each_rounds(H100E, H100E_CALLS, H100E_ROUNDS)
+    qwen = ratios["qwen2.5-7b"]
+    pairs = loss_pairs()
+    prof = run_cell(H100E, "qwen_prof_e2")
+    pm = prof.metrics
+    prof.label = f"qwen2.5-7b fast b{prof.config['batch']} seq {prof.config['seq_len']}, nothing recomputed"
+    store = (d / "dequant_store_e1.md").read_text()
+    step = re.search(r"as it is ([\d.]+) ms, the fastest variant per shape ([\d.]+) ms", store)
+    every = [x for _, x in all_rounds()["qwen2.5-7b"]]
+    fast_cells = [f"qwen_fast_{c}_{k}" for c in H100E_CALLS for k in (1, 2, 3) if (d / f"qwen_fast_{c}_{k}").is_dir()]
+    uns_cells = [f"qwen_unsloth_{c}_{k}" for c in H100E_CALLS for k in (1, 2, 3)
+                 if (d / f"qwen_unsloth_{c}_{k}").is_dir()]
+    fm = [run_cell(H100E, n).metrics for n in fast_cells]
+    um = [run_cell(H100E, n).metrics for n in uns_cells]
+    rng = lambda ms, k, f: "-".join(dict.fromkeys(f"{g(m[k] for m in ms):{f}}" for g in (min, max)))  # noqa: E731
+    clocks = (d / "gpu_e1.csv").read_text().splitlines()[1].split(", ")  # index, name, SM MHz, its max, power limit
+    return "\n\n".join([
+        "### fast's fused loss without its waits for the GPU; Qwen2.5-7B against Unsloth's best in "
+        f"{len(qwen)} rounds, the other three models once, every GPU test of the fast path (one {csv_gpu(d / 'gpu_e1.csv')} on each of three "
+        "machines, commits a3663d9 to 57c42a1)",
+        "`bash docs/runs/scripts/2026-11-27_h100e.sh`: e1 on one H100 machine, e2, e3, t1, h1 and m1 in a row on a "
+        "second (h1 asked for an H200; the H100 held ran it), m2 on a third. The rounds: `python train.py "
+        "+experiment=seed_optimum train.max_steps=14 train.untimed_steps=4 gpu=a10 seq_len=1024 model=<model>` with "
+        "each backend's searched best within 22 GiB on fixed-length rows (Qwen2.5-7B and Llama-3.1-8B: both b4, nothing "
+        "recomputed; Gemma-2-9B: fast b4 with 0.375 of its layers recomputed, Unsloth b8 every layer; Qwen3-8B: fast b4 "
+        "with 0.25 recomputed, Unsloth b24 every layer, offloaded), fast with its defaults, which now include "
+        "`backend.loss_on_device` (lorabench.loss_kernels: Liger's fused linear cross-entropy without its `.item()` of "
+        "the labelled tokens before the head and its host comparison of the upstream gradient with 1.0 in the "
+        "backward). e1 and h1 add the same fast cell with `backend.loss_on_device=false`. Random weights.",
+        an.md_table(["model", "call", "round", "fast tok/s", "fast MFU %", "Unsloth's best tok/s",
+                     "Unsloth GPU busy %", "ratio"], rows),
+        "Per model: " + "; ".join(f"{m} {min(x):.3f}x" + (f"-{max(x):.3f}x" if len(x) > 1 else "")
+                                  + f" in {len(x)} round" + "s" * (len(x) > 1)
+                                  + f", {sum(v >= 1.15 for v in x)} at or over 1.15x" for m, x in ratios.items())
+        + f". **Qwen2.5-7B at these commits: {min(qwen):.3f}x-{max(qwen):.3f}x over {len(qwen)} rounds on two "
+        f"machines, median {statistics.median(qwen):.3f}x, every round at or over the 1.15x issue 34 asks.** Over every "
+        f"round since fast's layers run as CUDA graphs (README's glance, these included): {min(every):.3f}x-"
+        f"{max(every):.3f}x in {len(every)} rounds, median {statistics.median(every):.3f}x, "
+        f"{sum(x >= 1.15 for x in every)} at or over 1.15x; the rounds under it: "
+        + misses_text(all_rounds()["qwen2.5-7b"]) + ". No H200 has run a round at these commits.",
+        "backend.loss_on_device against without, in the same round (tok/s over the window, at the median step in "
+        "brackets):",
+        an.md_table(["call", "round", "loss_on_device (fast's default)", "loss_on_device=false", "difference",
+                     "step ms (window)"], [r[:-1] for r in pairs]),
+        f"A small gain: {min(r[-1] for r in pairs):.1f}-{max(r[-1] for r in pairs):.1f} ms of a step over the window, "
+        "within the step-to-step spread at the median step. Where the rest of fast's step is: on these H100s fast's Qwen2.5-7B "
+        f"cell draws the board's {clocks[4]} cap in {rng(fm, 'gpu/power_capped_frac', '.0%')} of its NVML samples and "
+        f"holds its SM clock at {rng(fm, 'gpu/sm_clock_mean_mhz', ',.0f')} MHz (of {clocks[3]}), busy "
+        f"{rng(fm, 'gpu/util_mean_pct', '.0f')}% "
+        f"of the time; Unsloth's best is busy {rng(um, 'gpu/util_mean_pct', '.0f')}% (its host), so it runs at "
+        f"{rng(um, 'gpu/sm_clock_mean_mhz', ',.0f')} MHz. With the GPU at its power cap, a step is as fast as the "
+        "energy its work takes allows: host waits removed from it buy less than their length, and the ratio moves "
+        "with how busy Unsloth's host keeps its GPU.",
+        an.md_table(["cell", "tok/s non-pad", "GPU busy %", "board W", "samples at the cap %", "SM MHz"],
+                    power_rows(fast_cells[:2] + uns_cells[:2])),
+        f"fast's cell profiled in e2 ({pm['perf/tokens_per_s']:,.0f} tok/s): the profiled cell lacked seq_len=1024 "
+        f"in the script, so it ran the experiment's seq {prof.config['seq_len']} (b4, nothing recomputed, "
+        f"{pm['mem/peak_reserved_gib']:.1f} GiB), not the rounds' cell: idle "
+        f"{100 * pm['prof/idle_frac']:.0f}% of its {pm['prof/step_ms']:.0f} ms profiled step, largest spans "
+        f"{idle_lines(d / 'qwen_prof_e2' / '0' / 'profile.txt')} (the first two: the GPU waits for the host's work "
+        "between one step's last kernel and the next one's first).",
+        split_table([prof]),
+        "The nf4 kernel's output written as one 32-bit word per packed byte instead of through tl.interleave, and with "
+        "one 8-byte table gather per byte instead of two (`python docs/runs/scripts/dequant_store.py`, each variant "
+        "timed as 20 calls captured in a CUDA graph, bits equal to bitsandbytes' in every case): "
+        f"a Qwen2.5-7B step's dequantisation takes {step[1]} ms as it is and {step[2]} ms with the fastest variant "
+        "per shape. No gain: the kernel stays as it is (dequant_store_e1.md lists every variant).",
+        "GPU tests at the new code: e1 (tests/test_loss_kernels.py, a3663d9) "
+        f"{pytest_summary(d / 'gpu_tests_e1.txt')}; t1 (tests/test_fast_arch.py: the nine architectures' logits and "
+        "LoRA gradients against hf with Liger's loss through lorabench.loss_kernels, Gemma-2's soft-capped head "
+        f"included; test_backends.py, test_graphs.py, test_grad_kernels.py; acf906b) {pytest_summary(d / 'gpu_tests_t1.txt')}; "
+        f"m1 (the other GPU test files, ba36922) {pytest_summary(d / 'gpu_tests_m1.txt')}.",
+        f"Run dir: [runs/{H100E}](runs/{H100E}) (`LIMIT_S=560 bash docs/runs/scripts/2026-11-27_h100e.sh a3663d9 e1`, "
+        "`... 042ddf6 e2`, `... 042ddf6 e3`, `LIMIT_S=570 ... acf906b t1`, `LIMIT_S=560 ... acf906b h1`, "
+        "`LIMIT_S=570 ... ba36922 m1`, `LIMIT_S=450 ... 57c42a1 m2`; each machine's rounds in log_0_<calls>.txt, the "
+        "tests' output in gpu_tests_*.txt, the clocks in gpu_*.csv; each sweep's results.md written again after the "
+        "run by `python bench.py sweep_dir=<dir>`). Table: " + cmd("h100e")])
+
+
 def searched_section() -> str:
     """Issue 34's two missed bests measured again (every layer captured, three kernel changes), fast with graphs
     searched (issue 35), on one 4 x H200 machine."""
@@ -2656,7 +2794,8 @@ def all_rounds() -> dict[str, list[tuple[str, float]]]:
                                     (PACKED, ("c1", "c2", "c3"), "packed", EACH_ROUNDS),
                                     (LAST_H200, ("c1",), "last", EACH_ROUNDS), (LAST_H100, ("h2",), "last", EACH_ROUNDS),
                                     (H100B, H100B_CALLS, "h100b", EACH_ROUNDS), (H100C, H100C_CALLS, "h100c", EACH_ROUNDS),
-                                    (H100D, ("r1",), "h100c", H100D_ROUNDS)):
+                                    (H100D, ("r1",), "h100c", H100D_ROUNDS),
+                                    (H100E, H100E_CALLS, "h100e", H100E_ROUNDS)):
         for m, x in each_rounds(run, calls, models)[1].items():
             out.setdefault(m, []).extend((sec, v) for v in x)
     return out
@@ -2701,6 +2840,10 @@ def glance() -> str:
                     f"{sum(v >= 1.15 for v in x)} of them at or over 1.15x "
                     f"({er_at[m]})" for m, x in er.items())
         + " (Unsloth's cell moves with its host from round to round: its slowest rounds give the highest ratios). "
+        "At fast's current defaults (its fused loss without waits for the GPU, from a3663d9), on H100s: "
+        + "; ".join(f"{m} {span(x)} in {len(x)} round" + "s" * (len(x) > 1) + f", {sum(v >= 1.15 for v in x)} at or "
+                    "over 1.15x" for m, v in rounds.items() if (x := [r for sec, r in v if sec == "h100e"]))
+        + f" ({where('h100e')}). "
         "Over hf's best in one run per model: "
         + "; ".join(f"{m} {bx(k, 'hf', 2)}" for k, m in BESTS_MODELS.items()) + f" ({where('bests')}). "
         "Mistral-7B on the whole GPU, both searched in one sweep: "
@@ -2744,12 +2887,12 @@ seq 2048), and Unsloth two batch sizes with every layer recomputed (its own defa
 those cells, not against their best: hf with fewer layers recomputed or a larger batch may be faster (at seq 512 its
 batch 16 also fits in 22 GiB, see "What fits" below), and so may Unsloth with fewer layers recomputed.
 
-## Newest: Qwen2.5-7B against Unsloth alone on an H100 with two knobs of fast, Gemma-2-9B and Qwen3-8B on an H100, every GPU test (d416a97, 0932904, b775017); the whole H100 with fast and Unsloth searched in one sweep, the seq-2048 bests profiled on an H100, Llama-3.1-8B and Qwen2.5-7B in rounds on an H100 (e8e9497, 73f520a); the whole-GPU bests profiled side by side, fixed rows at seq 2048 searched again, fast searched on the whole H100, Qwen2.5-7B on an H200 and an H100 (55d5f2d, 9053ed3); packed rows captured as CUDA graphs, each backend searched on packed ShareGPT at seq 512, 1024 and 2048 and on the whole GPU, Qwen2.5-7B against Unsloth's best again (077e803); each backend searched in one command on fixed-length rows at seq 512, 1024 and 2048 and on packed ShareGPT, fast with its layers as CUDA graphs by default, Llama-3.1-8B and Qwen2.5-7B against Unsloth's best again (76bf84f); Qwen2.5-7B and Gemma-2-9B against Unsloth's best again, fast with graphs searched (2eaaca1, 61b4afc, 7939db1); recomputed layers captured too (bd3db68); each backend's best in one run per model, fast's layers as CUDA graphs, the whole GPU with graphs (8fd5be1); issue 34's four models with their layers replayed as chained CUDA graphs (7e37edc, 1a5bb50, f39a56e); Qwen2.5-7B's best with its layers replayed as CUDA graphs (ae17285); fewer host launches per decoder layer, the missed bests on three machines (fb80e4e, f456dd2); the L4 source cell's memory and the source's recipe (a5f98af, 6240b39); where fast's host time goes on the missed bests, measured again (54da436, 818a2d8); the whole H100, the missed bests profiled side by side, the L4 cell alone and its memory (dfa9325, 44e073d); Gemma-2 with flex attention, Unsloth on packed rows, hf's bests profiled, the L4 check (7702139); what the searches still missed, the bests profiled (8867807); each backend searched per model on one 4 x H200 machine (669aa8c); the loss head, fast and Unsloth searched again (b93a4ae, 06130bd); hf, fast and Unsloth each searched (commit 6a9ca22); each model's searched best, Llama-3.3-70B (3bc030e), searched bests of Mistral-7B (c836200, 50f810d)"""
+## Newest: fast's fused loss without its waits for the GPU, Qwen2.5-7B against Unsloth's best round by round on H100s, the other three models, every GPU test of the fast path (a3663d9-57c42a1); Qwen2.5-7B against Unsloth alone on an H100 with two knobs of fast, Gemma-2-9B and Qwen3-8B on an H100, every GPU test (d416a97, 0932904, b775017); the whole H100 with fast and Unsloth searched in one sweep, the seq-2048 bests profiled on an H100, Llama-3.1-8B and Qwen2.5-7B in rounds on an H100 (e8e9497, 73f520a); the whole-GPU bests profiled side by side, fixed rows at seq 2048 searched again, fast searched on the whole H100, Qwen2.5-7B on an H200 and an H100 (55d5f2d, 9053ed3); packed rows captured as CUDA graphs, each backend searched on packed ShareGPT at seq 512, 1024 and 2048 and on the whole GPU, Qwen2.5-7B against Unsloth's best again (077e803); each backend searched in one command on fixed-length rows at seq 512, 1024 and 2048 and on packed ShareGPT, fast with its layers as CUDA graphs by default, Llama-3.1-8B and Qwen2.5-7B against Unsloth's best again (76bf84f); Qwen2.5-7B and Gemma-2-9B against Unsloth's best again, fast with graphs searched (2eaaca1, 61b4afc, 7939db1); recomputed layers captured too (bd3db68); each backend's best in one run per model, fast's layers as CUDA graphs, the whole GPU with graphs (8fd5be1); issue 34's four models with their layers replayed as chained CUDA graphs (7e37edc, 1a5bb50, f39a56e); Qwen2.5-7B's best with its layers replayed as CUDA graphs (ae17285); fewer host launches per decoder layer, the missed bests on three machines (fb80e4e, f456dd2); the L4 source cell's memory and the source's recipe (a5f98af, 6240b39); where fast's host time goes on the missed bests, measured again (54da436, 818a2d8); the whole H100, the missed bests profiled side by side, the L4 cell alone and its memory (dfa9325, 44e073d); Gemma-2 with flex attention, Unsloth on packed rows, hf's bests profiled, the L4 check (7702139); what the searches still missed, the bests profiled (8867807); each backend searched per model on one 4 x H200 machine (669aa8c); the loss head, fast and Unsloth searched again (b93a4ae, 06130bd); hf, fast and Unsloth each searched (commit 6a9ca22); each model's searched best, Llama-3.3-70B (3bc030e), searched bests of Mistral-7B (c836200, 50f810d)"""
 CURRENT = """## hf, fast and Unsloth on the same rows (commit 22c8b76)
 
 Unsloth runs only on the fixed-length rows: its patched attention is not known to keep packed samples apart."""
 
-SECTIONS = {"h100c": h100c_section, "h100b": h100b_section, "last": last_section, "packed": packed_section, "each": each_section, "searched": searched_section, "recompute": recompute_section, "bests": bests_section, "chain": chain_section, "graphs": graphs_section, "lean": lean_section, "l4mem": l4mem_section, "host": host_section, "h100": h100_section, "flex": flex_section, "gaps": gaps_section, "four": four_section, "head": head_section, "best3": best3_section, "model_search": model_search_section, "search512": lambda: search_section(512), "search1024": lambda: search_section(1024),
+SECTIONS = {"h100e": h100e_section, "h100c": h100c_section, "h100b": h100b_section, "last": last_section, "packed": packed_section, "each": each_section, "searched": searched_section, "recompute": recompute_section, "bests": bests_section, "chain": chain_section, "graphs": graphs_section, "lean": lean_section, "l4mem": l4mem_section, "host": host_section, "h100": h100_section, "flex": flex_section, "gaps": gaps_section, "four": four_section, "head": head_section, "best3": best3_section, "model_search": model_search_section, "search512": lambda: search_section(512), "search1024": lambda: search_section(1024),
             "models": models_section, "moe": moe_section, "s512": lambda: budget_section(512), "s1024": lambda: budget_section(1024),
             "s2048": lambda: budget_section(2048), "whole": whole_section, "profile": profile_section,
             "loss": loss_section, "seed_grid": seed_grid_section, "packing": packing_section,
