@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from conftest import (BF16_GRADS, BF16_LOSS, FAST, SAME_MATH, compose_cfg, read_result, read_steps, requires_cuda,
                       run_in_process)
-from lorabench import backends, data, modeling
+from lorabench import backends, data, fastpath, modeling
 from lorabench.loop import build_trainable_model
 
 
@@ -23,7 +23,8 @@ def lora_grads(overrides, device, steps_batch=4):
     with backends.module_patches(c):
         tok = modeling.build_tokenizer(c.model)
         ds, _ = data.build_dataset(c, tok)
-        batch = data.build_collator(c, tok)([ds[i] for i in range(steps_batch)])
+        collate = data.build_collator(c, tok, segments=fastpath.varlen_runs(c, device))  # as lorabench.loop's
+        batch = collate([ds[i] for i in range(steps_batch)])
         batch.pop(data.REAL_TOKENS, None)
         model, _, (checkpointed, _) = build_trainable_model(c, device)
         model.train()

@@ -112,11 +112,16 @@ def test_every_key_of_backend_fast_is_a_part_of_the_table():
 
 def test_the_trainer_s_parts_act_where_the_table_says_they_need():
     """What lorabench.loop hands the Trainer comes from the table: cuda_graphs acts through fused_lora and on CUDA
-    only (elsewhere the cell runs without it), gc_every where it is not 0, the others where they are on."""
+    only (elsewhere the cell runs without it), gc_every where it is not 0, the others where they are on; the
+    collator's sample offsets where packed rows go through varlen attention (CUDA, data with padding to pack)."""
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     parts = fastpath.trainer_parts(fast_cfg(), cuda)
-    assert parts == fastpath.TrainerParts(flat_optimizer=True, lean_step=True, cuda_graphs=True, gc_every=0)
+    assert parts == fastpath.TrainerParts(flat_optimizer=True, lean_step=True, cuda_graphs=True, gc_every=0,
+                                          segments=True)
     assert not fastpath.trainer_parts(fast_cfg(), cpu).cuda_graphs
+    for c, device in ((fast_cfg(), cpu), (fast_cfg("data=synthetic"), cuda),
+                      (fast_cfg("backend.varlen_attention=false"), cuda)):
+        assert not fastpath.trainer_parts(c, device).segments
     assert not fastpath.trainer_parts(fast_cfg("backend.fused_lora=false"), cuda).cuda_graphs
     off = fastpath.trainer_parts(fast_cfg("backend.flat_optimizer=false", "backend.lean_step=false",
                                           "backend.gc_every=50"), cpu)

@@ -427,7 +427,8 @@ def test_packed_rows_replayed_as_graphs_compute_the_eager_step_on_gpu(caplog):
     rows = [data.pack(s, 16) for s in samples]  # two rows each: [9, 7] [5, 4]; [16] [3, 3, 3, 2]; [12, 4] [10]
     assert all(len(r) == 2 for r in rows)
     own = data.PackedCollator(0, 16, segments=True)
-    fixed = data.build_collator(c, SimpleNamespace(pad_token_id=0), [r for rs in rows for r in rs], fixed=True)
+    fixed = data.build_collator(c, SimpleNamespace(pad_token_id=0), [r for rs in rows for r in rs], fixed=True,
+                                segments=True)
     assert fixed.capacity == 2 * (4 + 1) and fixed.width == 16
     base = build("llama", torch.bfloat16, cuda)
     with fastpath.around_cell(c, base.config):

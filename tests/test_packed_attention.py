@@ -59,9 +59,10 @@ def test_fixed_shapes_give_every_batch_room_for_its_segments_and_the_row_as_long
 
     class Tok:
         pad_token_id = 0
-    fixed = data.build_collator(c, Tok(), rows, fixed=True)
+    fixed = data.build_collator(c, Tok(), rows, fixed=True, segments=True)
     assert (fixed.width, fixed.capacity) == (12, 2 * (2 + 1))
-    assert data.build_collator(c, Tok(), rows).capacity is None  # without graphs: each batch its own
+    assert data.build_collator(c, Tok(), rows, segments=True).capacity is None  # without graphs: each batch its own
+    assert data.build_collator(c, Tok(), rows, fixed=True).capacity is None  # no varlen attention: no offsets
     cuts = fixed(rows)  # [6, 3 | 3 pad] and [5, 2 | 5 pad]: the 6 segments of room, all used
     assert cuts["input_ids"].shape == (2, 12)
     assert cuts["cu_seq_lens_q"].tolist() == [0, 6, 9, 12, 17, 19, 24]

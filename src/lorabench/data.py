@@ -452,18 +452,20 @@ def build_dataset(cfg: Config, tokenizer):
     return ds, stats
 
 
-def build_collator(cfg: Config, tokenizer, dataset=None, fixed: bool = False):
-    """fixed: every batch of packed rows in the same shapes (CUDA graphs replay them, lorabench.graphs): rows padded
-    to seq_len and, for varlen attention, room for the most segments a batch of `dataset`'s rows can hold."""
+def build_collator(cfg: Config, tokenizer, dataset=None, fixed: bool = False, segments: bool = False):
+    """segments: packed batches say where each sample starts (the fast path's varlen attention reads them:
+    lorabench.fastpath.TrainerParts). fixed: every batch of packed rows in the same shapes (CUDA graphs replay them,
+    lorabench.graphs): rows padded to seq_len and, with segments, room for the most a batch of `dataset`'s rows can
+    hold."""
     if cfg.data.kind is DataKind.synthetic:
         return synthetic_collator
     width = cfg.seq_len if cfg.data.padding is Padding.max_length else None
     if packs(cfg):
-        varlen, capacity = cfg.backend.varlen_attention, None
-        if fixed and varlen and dataset is not None:
+        capacity = None
+        if fixed and segments and dataset is not None:
             # each row's samples, plus the padding after them: at most cfg.batch x (most samples in a row + 1)
             width, capacity = cfg.seq_len, cfg.batch * (max_samples_in_a_row(dataset) + 1)
-        return PackedCollator(tokenizer.pad_token_id, width, segments=varlen,
+        return PackedCollator(tokenizer.pad_token_id, width, segments=segments,
                               lengths=cfg.backend.name is Backend.unsloth, capacity=capacity)
     return DataCollatorForSeq2Seq(tokenizer, padding=cfg.data.padding.value, max_length=width,
                                   label_pad_token_id=IGNORE, return_tensors="pt")

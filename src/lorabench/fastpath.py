@@ -308,8 +308,14 @@ def decoder_layers(model):
     return base.model.layers
 
 
+def varlen_runs(c: Config, device: torch.device) -> bool:
+    """Whether the cell's packed rows go through varlen attention: the model's attention (_apply_varlen) and the
+    collator's batches, which then say where each sample starts (TrainerParts.segments)."""
+    return c.backend.varlen_attention and data.packs(c) and packed_attention.runs_on(device)
+
+
 def _apply_varlen(model, c: Config, device: torch.device, f: Features):
-    if data.packs(c) and packed_attention.runs_on(device):
+    if varlen_runs(c, device):
         packed_attention.use(model)
         log.info("attention over packed rows: %s (varlen flash attention, no mask)", packed_attention.NAME)
     return model
@@ -515,11 +521,13 @@ class TrainerParts:
     lean_step: bool
     cuda_graphs: bool  # the decoder layers captured; the collator then gives packed batches one shape
     gc_every: int  # 0: Python's own collector schedule
+    segments: bool  # varlen attention on packed rows: the collator says where each sample starts
 
 
 def trainer_parts(c: Config, device: torch.device) -> TrainerParts:
     return TrainerParts(flat_optimizer=acts("flat_optimizer", c, device), lean_step=acts("lean_step", c, device),
-                        cuda_graphs=acts("cuda_graphs", c, device), gc_every=c.backend.gc_every)
+                        cuda_graphs=acts("cuda_graphs", c, device), gc_every=c.backend.gc_every,
+                        segments=varlen_runs(c, device))
 
 
 def apply(model, c: Config, device: torch.device, stage: Stage):

@@ -84,7 +84,8 @@ def _measure(c: Config, run_dir: Path, result: CellResult, logger: MetricLogger,
         sharding.gather_head_with_final_norm(model)
     trainer = MeasuredTrainer(model=model, args=training_arguments(c, device, ckpt_dir, layer_class, len(dataset)),
                               train_dataset=dataset,
-                              data_collator=data.build_collator(c, tokenizer, dataset, fixed=parts.cuda_graphs),
+                              data_collator=data.build_collator(c, tokenizer, dataset, fixed=parts.cuda_graphs,
+                                                                segments=parts.segments),
                               callbacks=watch.callbacks,
                               meter=watch.meter, flat_optimizer=parts.flat_optimizer, lean_step=parts.lean_step,
                               graph_layers=fastpath.decoder_layers(model) if parts.cuda_graphs else None)

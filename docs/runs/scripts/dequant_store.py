@@ -1,4 +1,5 @@
-"""The nf4 dequantisation kernel against two ways of writing its output, timed as a cell runs it (2026-11-27_h100e.sh e1).
+"""The nf4 dequantisation kernel against two ways of writing its output, timed as a cell runs it
+(2026-11-27_h100e.sh e1).
 
 lorabench.nf4_kernels' kernel turns each packed byte into two bf16 weights and writes them with tl.interleave
 (a [blocks x 2 * bytes] tensor the compiler lays out again before the store). Variants here:
