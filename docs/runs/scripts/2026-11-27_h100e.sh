@@ -14,6 +14,8 @@
 #   m1: the other GPU tests of the fast path's parts (t2 of 2026-11-27_h100c.sh), then one round each of Llama-3.1-8B,
 #       Gemma-2-9B and Qwen3-8B, fast's defaults against Unsloth's best at their searched layouts (2026-11-27_h100b.sh,
 #       2026-11-27_h100d.sh), as far as the call's time goes; m2: Qwen3-8B's round, which m1 had no time left for.
+#   p1: the GPU tests of packed rows (varlen attention, their CUDA graphs) after the collator's offsets moved to
+#       lorabench.fastpath's table (8b19b95).
 #   LIMIT_S=560 bash docs/runs/scripts/2026-11-27_h100e.sh <commit> e1   (carry .whl .whl_unsloth .gpudata)
 set -u
 LIMIT_S=${LIMIT_S:-560}; source "$(dirname "$0")/device_setup.sh" "$@"  # wheels, ShareGPT, environment, t0
@@ -44,6 +46,7 @@ case $call in
         unsloth: backend=unsloth batch=24 $ckpt=1 backend.unsloth_offload=true" ;;
   m2) rounds 0 qwen3 qwen3-8b 1 "fast: backend=fast batch=4 $ckpt=0.25 | \
         unsloth: backend=unsloth batch=24 $ckpt=1 backend.unsloth_offload=true" ;;
+  p1) tests tests/test_packed_attention.py tests/test_graphs.py ;;
   e3) rounds 0 qwen qwen2.5-7b 3 "fast: backend=fast $b4 | unsloth: backend=unsloth $b4" ;;
 esac
 grep -h "^gpu 0 .*exit" $R/log_0.txt 2>/dev/null | tail -6
