@@ -2168,10 +2168,12 @@ def h100e_section() -> str:
         f"{pytest_summary(d / 'gpu_tests_e1.txt')}; t1 (tests/test_fast_arch.py: the nine architectures' logits and "
         "LoRA gradients against hf with Liger's loss through lorabench.loss_kernels, Gemma-2's soft-capped head "
         f"included; test_backends.py, test_graphs.py, test_grad_kernels.py; acf906b) {pytest_summary(d / 'gpu_tests_t1.txt')}; "
-        f"m1 (the other GPU test files, ba36922) {pytest_summary(d / 'gpu_tests_m1.txt')}.",
+        f"m1 (the other GPU test files, ba36922) {pytest_summary(d / 'gpu_tests_m1.txt')}; p1 (tests/test_packed_attention.py "
+        "and test_graphs.py again after the collator's sample offsets moved to lorabench.fastpath, 070b00f) "
+        f"{pytest_summary(d / 'gpu_tests_p1.txt')}.",
         f"Run dir: [runs/{H100E}](runs/{H100E}) (`LIMIT_S=560 bash docs/runs/scripts/2026-11-27_h100e.sh a3663d9 e1`, "
         "`... 042ddf6 e2`, `... 042ddf6 e3`, `LIMIT_S=570 ... acf906b t1`, `LIMIT_S=560 ... acf906b h1`, "
-        "`LIMIT_S=570 ... ba36922 m1`, `LIMIT_S=450 ... 57c42a1 m2`; each machine's rounds in log_0_<calls>.txt, the "
+        "`LIMIT_S=570 ... ba36922 m1`, `LIMIT_S=450 ... 57c42a1 m2`, `LIMIT_S=300 ... 070b00f p1`; each machine's rounds in log_0_<calls>.txt, the "
         "tests' output in gpu_tests_*.txt, the clocks in gpu_*.csv; each sweep's results.md written again after the "
         "run by `python bench.py sweep_dir=<dir>`). Table: " + cmd("h100e")])
 
