@@ -283,7 +283,8 @@ def test_ce_chunk_mem_reaches_ligers_fused_loss_for_the_cell_and_is_undone(monke
         with fastpath._loss_head(cfg(off)):
             assert functional.liger_fused_linear_cross_entropy is flce
     functional.liger_fused_linear_cross_entropy = lambda input, weight, target: 1  # a Liger without the knob
-    with pytest.raises(RuntimeError, match=r"backend.ce_chunk_mem=8 backend.loss_on_device=false: .* takes no chunk_mem_const"):
+    with pytest.raises(RuntimeError,
+                       match=r"backend.ce_chunk_mem=8 backend.loss_on_device=false: .* takes no chunk_mem_const"):
         with fastpath._loss_head(cfg("backend.ce_chunk_mem=8")):
             pass
     assert [p.key for p in fastpath.parts_on(cfg("backend.liger=[]", "backend.ce_chunk_mem=8"))].count("ce_chunk_mem") == 1

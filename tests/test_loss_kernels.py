@@ -79,6 +79,20 @@ def test_calls_it_does_not_compute_go_to_ligers_function():
     assert not loss_kernels.computes(x, w.clone().requires_grad_(), options)
 
 
+def test_a_liger_whose_kernel_takes_other_arguments_is_named(monkeypatch):
+    """The kernel's arguments are checked before the first call: 0.8.5's pass, another set is named in one line."""
+    import sys
+    import types
+
+    kernel = types.SimpleNamespace(arg_names=list(loss_kernels.KERNEL_ARGS))
+    monkeypatch.setitem(sys.modules, "liger_kernel.ops.cross_entropy",
+                        types.SimpleNamespace(liger_cross_entropy_kernel=kernel))
+    assert loss_kernels.kernel_differs() is None
+    kernel.arg_names = [*loss_kernels.KERNEL_ARGS[:-1], "HAS_NEW_THING"]
+    differs = loss_kernels.kernel_differs()
+    assert "HAS_NEW_THING" in differs and "not 0.8.5's" in differs and "\n" not in differs
+
+
 @pytest.mark.gpu
 @requires_cuda
 @pytest.mark.parametrize("reduction", ["sum", "mean"])

@@ -13,7 +13,8 @@ logit gradient unscaled), a mean is divided by a count kept on the device, and t
 input gradient by the upstream gradient on the device, whatever it is. The arithmetic is Liger's "sum" path's;
 its "mean" path divides each row by the count before summing, so a mean differs from it by fp32 rounding only.
 What this does not compute (a bias, class weights, z-loss, label smoothing, token scaling, accuracies, a
-trainable head, reduction "none", CPU tensors) goes to Liger's own function, as called.
+trainable head, reduction "none", CPU tensors) goes to Liger's own function, as called. What it bought on an
+H100 (Qwen2.5-7B, the same round with and without): docs/results.md's h100e section.
 """
 
 from __future__ import annotations
