@@ -2076,15 +2076,11 @@ def misses_text(rounds: list[tuple[str, float]], target: float = 1.15) -> str:
     return "; ".join(f"{n} in {where(sec)}{gpu(sec)}" for sec, n in by.items())
 
 
-def power_rows(cells: list[str]) -> list[list[str]]:
-    """Each cell's NVML figures over its timed steps: GPU busy, board power, share of samples at the cap, SM clock."""
-    out = []
-    for name in cells:
-        m = run_cell(H100E, name).metrics
-        out.append([name, f"{m['perf/tokens_per_s']:,.0f}", f"{m['gpu/util_mean_pct']:.0f}",
-                    f"{m['gpu/power_mean_w']:.0f}", f"{100 * m['gpu/power_capped_frac']:.0f}",
-                    f"{m['gpu/sm_clock_mean_mhz']:,.0f}"])
-    return out
+def power_rows(cells: list[tuple[str, dict]]) -> list[list[str]]:
+    """Each (cell, metrics)'s NVML figures over its timed steps: GPU busy, board power, share of samples at the cap,
+    SM clock."""
+    return [[name, f"{m['perf/tokens_per_s']:,.0f}", f"{m['gpu/util_mean_pct']:.0f}", f"{m['gpu/power_mean_w']:.0f}",
+             f"{100 * m['gpu/power_capped_frac']:.0f}", f"{m['gpu/sm_clock_mean_mhz']:,.0f}"] for name, m in cells]
 
 
 def idle_lines(path: Path, n: int = 3) -> str:
@@ -2111,6 +2107,7 @@ def h100e_section() -> str:
                  if (d / f"qwen_unsloth_{c}_{k}").is_dir()]
     fm = [run_cell(H100E, n).metrics for n in fast_cells]
     um = [run_cell(H100E, n).metrics for n in uns_cells]
+    shown = [*zip(fast_cells[:2], fm[:2]), *zip(uns_cells[:2], um[:2])]  # the power table: metrics read once, above
     rng = lambda ms, k, f: "-".join(dict.fromkeys(f"{g(m[k] for m in ms):{f}}" for g in (min, max)))  # noqa: E731
     clocks = (d / "gpu_e1.csv").read_text().splitlines()[1].split(", ")  # index, name, SM MHz, its max, power limit
     return "\n\n".join([
@@ -2151,7 +2148,7 @@ def h100e_section() -> str:
         "energy its work takes allows: host waits removed from it buy less than their length, and the ratio moves "
         "with how busy Unsloth's host keeps its GPU.",
         an.md_table(["cell", "tok/s non-pad", "GPU busy %", "board W", "samples at the cap %", "SM MHz"],
-                    power_rows(fast_cells[:2] + uns_cells[:2])),
+                    power_rows(shown)),
         f"fast's cell profiled in e2 ({pm['perf/tokens_per_s']:,.0f} tok/s): the profiled cell lacked seq_len=1024 "
         f"in the script, so it ran the experiment's seq {prof.config['seq_len']} (b4, nothing recomputed, "
         f"{pm['mem/peak_reserved_gib']:.1f} GiB), not the rounds' cell: idle "
