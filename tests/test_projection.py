@@ -10,6 +10,7 @@ import re
 import shutil
 
 import pytest
+from omegaconf import OmegaConf
 from conftest import REPO, compose_cfg, run_cli
 
 from lorabench import projection as pj
@@ -292,6 +293,26 @@ def test_a_multi_gpu_cell_projects_onto_as_many_gpus_of_each_target(profiled):
     nodes.config["train"]["nnodes"] = 2
     rows, notes = pj.project([nodes], targets, 10_000)
     assert not rows and "several nodes" in notes[0]
+
+
+def test_the_seed_a10_figures_name_the_cells_of_their_experiment():
+    """docs/runs/seed_a10/diagnostic.csv names each of the seed's six A10 figures by the cell of
+    +experiment=seed_a10_check that computes the same work: the diagnostic's cells, each with the eager attention
+    the seed's transformers (4.36.2) ran for Mistral, and nothing else changed."""
+    from lorabench import grid
+    from lorabench.results import cell_name
+
+    def cells(name):
+        cfg = compose_cfg([f"+experiment={name}"], return_hydra_config=True)
+        return grid.expand([f"+experiment={name}"], cfg.hydra.sweeper.params)
+
+    check, diag = cells("seed_a10_check"), cells("diagnostic")
+    rows = list(csv.DictReader((REPO / "docs/runs/seed_a10/diagnostic.csv").open()))
+    assert {r["cell"] for r in rows} == {cell_name(c, check) for c in check} and len(rows) == 6
+    for c, d in zip(check, diag):
+        a, b = (OmegaConf.to_container(compose_cfg(cell)) for cell in (c, d))
+        assert (a["model"].pop("attn_implementation"), b["model"].pop("attn_implementation")) == ("eager", "sdpa")
+        assert a == b
 
 
 def test_the_published_a100_figures_name_the_cells_of_their_experiment():
