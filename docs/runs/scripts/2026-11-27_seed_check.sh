@@ -11,10 +11,10 @@
 set -u
 LIMIT_S=${LIMIT_S:-570}; source "$(dirname "$0")/device_setup.sh" "$@"  # wheels, environment, t0
 source "$(dirname "$0")/gpu_lists.sh" "$@"  # /tmp/runs, the clocks, left, sweep, pack_call
-diag="-m gpu=a10 train.max_steps=22 train.profile_steps=2"
+diag="gpu=a10 train.max_steps=22 train.profile_steps=2"
 case $call in
-  s1) sweep 0 eager_$call +experiment=seed_a10_check $diag ;;
-  s2) sweep 0 sdpa_$call +experiment=diagnostic $diag
+  s1) sweep 0 eager_$call -m +experiment=seed_a10_check $diag ;;
+  s2) sweep 0 sdpa_$call -m +experiment=diagnostic $diag
       [ "$(left)" -gt 120 ] && timeout $(( $(left) - 10 )) python3 bench.py suite=hardware model=mistral-7b-v0.3 \
         hydra.run.dir=$R/hardware_$call >> $R/log_0.txt 2>&1 ;;
 esac
