@@ -32,6 +32,16 @@ from lorabench.profile import CATEGORIES, classify
     (["void at::native::vectorized_elementwise_kernel<4, silu>", "aten::silu"], "elementwise"),
     (["triton_red_fused__to_copy_mean_pow_rsqrt", "aten::rsqrt"], "elementwise"),
     (["_sum_mm_kernel", "_ProjectionsBackward"], "matmul"),  # lorabench.grad_kernels' Triton GEMM
+    # a copy inside a matrix product moves memory: eager attention's torch.matmul of an expanded operand,
+    # autocast's cast of an fp32 weight inside aten::linear (31.6 and 7.9 ms of an H100 step:
+    # docs/runs/2026-11-27_seed_check)
+    (["void at::native::vectorized_elementwise_kernel<8, at::native::bfloat16_copy_kernel_cuda>", "aten::copy_",
+      "aten::_reshape_alias", "aten::matmul"], "elementwise"),
+    (["void at::native::unrolled_elementwise_kernel<direct_copy_kernel_cuda>", "aten::copy_", "aten::_to_copy",
+      "aten::linear"], "elementwise"),
+    (["Memcpy DtoD (Device -> Device)", "aten::copy_", "aten::contiguous", "aten::bmm"], "elementwise"),
+    (["void at::native::vectorized_elementwise_kernel<4, mul>", "aten::mul", "aten::_flash_attention_forward"],
+     "elementwise"),
 ])
 def test_kernels_are_classified_by_what_launched_them(names, expected):
     assert classify(names) == expected

@@ -19,7 +19,8 @@ On CUDA the device's work is its kernels and copies; on CPU it is the operators'
 host, and "idle" is host time outside any operator (Python between them). Device work is attributed once, in time order (overlapping kernels on other streams count for
 the first), so the categories partition the step exactly; a kernel is classified by the operators
 that launched it (e.g. a GEMM inside scaled_dot_product_attention is attention, any kernel inside
-Optimizer.step is optimizer) and by its own name when no operator is known.
+Optimizer.step is optimizer) and by its own name when no operator is known, except that PyTorch's
+elementwise kernels and device copies are never matmul or attention (MEMORY_KERNELS).
 """
 
 from __future__ import annotations
@@ -57,11 +58,20 @@ RULES = (
 )
 
 
+# PyTorch's own elementwise kernels (copies, casts, adds) and device-to-device copies: memory-bound wherever
+# they run. Inside a matrix product's or an attention's operator (torch.matmul's copy of an expanded operand,
+# autocast's cast of a weight inside aten::linear) they are still no matrix product: lorabench.projection scales
+# matmul and attention by the GEMM rate and these by the bandwidth.
+MEMORY_KERNELS = ("elementwise_kernel", "memcpy dtod")
+
+
 def classify(names: list[str]) -> str:
-    """Category of one piece of device work, from the names on its launch stack."""
+    """Category of one piece of device work, from the names on its launch stack (the kernel first)."""
     lowered = [n.lower() for n in names]
     for category, needles in RULES:
         if any(needle in name for name in lowered for needle in needles):
+            if category in ("matmul", "attention") and any(k in lowered[0] for k in MEMORY_KERNELS):
+                return "elementwise"
             return category
     return "elementwise"
 
