@@ -8,7 +8,7 @@
 #       hardware suite (python bench.py suite=hardware model=mistral-7b-v0.3) as far as the call's time goes
 #   s1 and s2 ran at a89867b, one after the other on one H100. Then, after the profile's classifier stopped counting
 #   copies inside a matrix product as one (977a605), s3 (s1's cells) on another machine, and h3 (the same) on the
-#   next machine the device tool lent for kind nvidia-h200.
+#   next machine the device tool lent for kind nvidia-h200 (an H200), and s4 (the same) on a third H100.
 #   LIMIT_S=570 bash docs/runs/scripts/2026-11-27_seed_check.sh <commit> s1   (carry .whl)
 # Then, on a CPU: python bench.py suite=project sweep_dir=<the s1 dir> 'measured=[docs/runs/seed_a10/diagnostic.csv]'
 set -u
@@ -16,7 +16,7 @@ LIMIT_S=${LIMIT_S:-570}; source "$(dirname "$0")/device_setup.sh" "$@"  # wheels
 source "$(dirname "$0")/gpu_lists.sh" "$@"  # /tmp/runs, the clocks, left, sweep, pack_call
 diag="gpu=a10 train.max_steps=22 train.profile_steps=2"
 case $call in
-  s1|s3|h3) sweep 0 eager_$call -m +experiment=seed_a10_check $diag ;;
+  s1|s3|s4|h3) sweep 0 eager_$call -m +experiment=seed_a10_check $diag ;;
   s2) sweep 0 sdpa_$call -m +experiment=diagnostic $diag
       [ "$(left)" -gt 120 ] && timeout $(( $(left) - 10 )) python3 bench.py suite=hardware model=mistral-7b-v0.3 \
         hydra.run.dir=$R/hardware_$call >> $R/log_0.txt 2>&1 ;;
