@@ -304,7 +304,8 @@ def test_the_seed_a10_figures_name_the_cells_of_their_experiment():
 
     # Both sweep the same conf/diag deltas (the sweeper's params), so the experiments' own configs differing in the
     # attention alone is each cell's differing in it alone.
-    check, diag = (compose_cfg([f"+experiment={n}"], return_hydra_config=True) for n in ("seed_a10_check", "diagnostic"))
+    check, diag = (compose_cfg([f"+experiment={name}"], return_hydra_config=True)
+                   for name in ("seed_a10_check", "diagnostic"))
     assert check.hydra.sweeper.params == diag.hydra.sweeper.params
     cells = grid.expand(["+experiment=seed_a10_check"], check.hydra.sweeper.params)
     rows = list(csv.DictReader((REPO / "docs/runs/seed_a10/diagnostic.csv").open()))
