@@ -14,8 +14,9 @@ the same six A10 figures from the source cells used before, which were not the s
 import sys
 
 from lorabench.analysis import md_table
-from lorabench.projection import REPO, errors, gpu_option, load_cells, measured_points, project, projectable
-from lorabench.projection import step_parts, validate, validation_markdown
+from lorabench.projection import errors, gpu_option, measured_points, project, projectable, step_parts, validate
+from lorabench.projection import validation_markdown
+from lorabench.results import REPO, load_cells
 
 R = REPO / "docs/runs"
 SEED = R / "seed_a10/diagnostic.csv"
@@ -62,7 +63,7 @@ def steps_table() -> str:
         results = load_cells(path)
         projected, _ = project(results, [gpu_option("a10")], 1)
         checks = validate(projected, points, results)
-        (med, worst, n), = errors(checks).values()
+        (med, worst, _), = errors(checks).values()
         signed = [100 * c["error"] for c in checks]
         base = step_parts(next(r for r in results if r.cell == "diag=baseline"), gpu_option(checks[0]["source"]))
         split = " / ".join(f"{1e3 * x:.0f}" for x in (base.seconds, base.compute, base.memory, base.host))
