@@ -14,8 +14,8 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-import lorabench.config  # noqa: F401  (registers the schemas in Hydra's ConfigStore)
-from lorabench.results import RunContext
+import lorabench.core.config  # noqa: F401  (registers the schemas in Hydra's ConfigStore)
+from lorabench.core.results import EXIT_CODES, RunContext, Status
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="bench")
@@ -25,17 +25,18 @@ def main(cfg: DictConfig) -> None:
     ctx = RunContext.from_hydra(HydraConfig.get())
     try:
         code = run_suite(cfg, ctx)
-    except (OSError, ValueError) as e:  # a wrong dir or option: say so, no traceback
-        sys.exit(f"bench.py: {e}")
+    except (OSError, ValueError) as e:  # a wrong dir or value: one line, no traceback, exit 2 as train.py's bad values
+        print(f"bench.py: {e}", file=sys.stderr)
+        sys.exit(EXIT_CODES[Status.failed])
     if code and not ctx.multirun:
         sys.exit(code)  # a failed cell or an exceeded tolerance; a multirun goes on to its next cell
 
 
 if __name__ == "__main__":
-    if error := lorabench.config.renamed_key(sys.argv[1:]):
+    if error := lorabench.core.config.renamed_key(sys.argv[1:]):
         sys.exit(f"bench.py: {error}")
     try:
         main()
-    except KeyboardInterrupt:  # Ctrl-C outside a cell (in a cell, lorabench.preemption handles it)
+    except KeyboardInterrupt:  # Ctrl-C outside a cell (in a cell, lorabench.run.preemption handles it)
         print("bench.py: interrupted (Ctrl-C)", file=sys.stderr)
         sys.exit(4)

@@ -6,7 +6,7 @@
     python train.py --help                           # examples, option lists, exit codes
 
 The work lives in src/lorabench/train.py; conf/train.yaml lists every knob. A single run exits 0
-only when its cell ends ok (README: "Exit codes"); a multirun's exit code comes from lorabench.sweep.
+only when its cell ends ok (README: "Exit codes"); a multirun's exit code comes from lorabench.sweep.callbacks.
 """
 
 import os
@@ -20,8 +20,8 @@ import hydra  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-import lorabench.config  # noqa: E402,F401  (registers the schemas in Hydra's ConfigStore)
-from lorabench.results import RunContext  # noqa: E402
+import lorabench.core.config  # noqa: E402,F401  (registers the schemas in Hydra's ConfigStore)
+from lorabench.core.results import RunContext  # noqa: E402
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
@@ -36,10 +36,10 @@ def main(cfg: DictConfig):
 
 
 if __name__ == "__main__":
-    if error := lorabench.config.renamed_key(sys.argv[1:]):
+    if error := lorabench.core.config.renamed_key(sys.argv[1:]):
         sys.exit(f"train.py: {error}")
     try:
         main()
-    except KeyboardInterrupt:  # Ctrl-C outside a cell (in a cell, lorabench.preemption handles it)
+    except KeyboardInterrupt:  # Ctrl-C outside a cell (in a cell, lorabench.run.preemption handles it)
         print("train.py: interrupted (Ctrl-C)", file=sys.stderr)
         sys.exit(4)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # docker/Dockerfile built for real where there is no Docker engine and no registry of base images
-# (this project's machines, CI): buildah builds the same file on a local Debian base.
+# (a bare Debian machine, a CI runner): buildah builds the same file on a local Debian base.
 #
 #   sudo docker/image.sh build          # make image: the base if missing, then the image lorabench:<version>
 #   sudo docker/image.sh can-run        # exit 0 if buildah can build and run here, else one line saying why
@@ -11,8 +11,8 @@
 #
 # The base (docker/Dockerfile.base-cpu, tagged localhost/lorabench-base:cpu): a Debian 12 root file
 # system from Debian's packages (mmdebstrap) with Python 3.11, plus torch 2.13.0's CPU build, taken
-# by pip from wherever pip finds it (this workplace keeps it on disk; elsewhere set PIP_INDEX_URL to
-# PyTorch's CPU wheel index). It stands where pytorch/pytorch stands on a GPU machine; every stage
+# by pip from wherever pip finds it (a folder named by PIP_FIND_LINKS holding the wheel, or PIP_INDEX_URL
+# set to PyTorch's CPU wheel index). It stands where pytorch/pytorch stands on a GPU machine; every stage
 # and layer of docker/Dockerfile is the same on both. Root is needed: apt-get, and buildah's chroot.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -13,7 +13,7 @@ import yaml
 from hydra import compose, initialize_config_dir
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from lorabench import k8s  # noqa: E402
+from lorabench.sweep import k8s  # noqa: E402
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

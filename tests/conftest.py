@@ -3,15 +3,16 @@ import functools
 import json
 import os
 import subprocess
-import tempfile
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
-import lorabench.config  # noqa: F401  (registers the schemas)
+import lorabench.core.config  # noqa: F401  (registers the schemas)
 
 REPO = Path(__file__).resolve().parents[1]
 # Tests never reach a hub, in this process or in the train.py subprocesses.
@@ -19,6 +20,9 @@ for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
     os.environ[var] = "1"
 # Tokenised-data cache of the whole test session in a temp dir (subprocesses inherit it).
 os.environ.setdefault("LORABENCH_CACHE", tempfile.mkdtemp(prefix="lorabench-cache-"))
+# Checkpoints converted from a GGUF file (model=smollm2-135m) where a user's are: a conversion is a function of its file
+# alone (lorabench.models.gguf names its folder by the file), and takes about a minute, not to be paid every session.
+os.environ.setdefault("LORABENCH_MODELS", str(Path("~/.cache/lorabench/models").expanduser()))
 # Under pytest-xdist (`make test` runs 2 workers on CI's 2 cores), one thread per worker and per
 # subprocess it starts: two workers with two intra-op threads each only contend.
 if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -27,6 +31,19 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 CONF = REPO / "conf"
 # A few steps are enough to exercise every part of a cell; the default task test runs the full default.
 FAST = ["train.max_steps=6", "train.untimed_steps=2", "data.max_samples=64"]
+# The shape of every family's tiny random checkpoint; each family adds the keys that make its features
+# visible (lorabench.models.families: Family.tiny).
+TINY_SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=256, vocab_size=512)
+
+
+def tiny_config(model_type: str, **shape):
+    """The transformers config of `model_type`'s tiny checkpoint: TINY_SHAPE, its family's keys, then `shape`."""
+    from transformers import AutoConfig
+
+    from lorabench.models import FAMILIES
+
+    return AutoConfig.for_model(model_type, **{**TINY_SHAPE, **FAMILIES[model_type].tiny, **shape})
 
 
 def compose_cfg(overrides=(), config_name="train", return_hydra_config=False):
@@ -45,7 +62,7 @@ def _composed(overrides, config_name, return_hydra_config):
 def run_in_process(overrides, run_dir, **ctx):
     """One cell through lorabench.train.run_cell in this process (no interpreter start-up), with the
     context the entrypoint would pass; returns its CellResult."""
-    from lorabench.results import RunContext
+    from lorabench.core.results import RunContext
     from lorabench.train import run_cell
 
     ctx = RunContext(run_dir=Path(run_dir), name=",".join(overrides) or "defaults", **ctx)
@@ -188,8 +205,8 @@ def float64(monkeypatch):
     comparisons of two paths that must compute the same function, where fp32's own rounding
     (~1e-7 per operation, its summation order chosen by the CPU's BLAS kernels and thread count)
     would otherwise be all that the comparison sees. Tolerance: SAME_MATH."""
-    from lorabench import modeling
-    from lorabench.config import Precision
+    from lorabench.builders import modeling
+    from lorabench.core.config import Precision
 
     monkeypatch.setitem(modeling.WEIGHT_DTYPE, Precision.fp32, torch.float64)
 
@@ -208,3 +225,69 @@ def spy(monkeypatch, owner, name: str) -> list:
 
     monkeypatch.setattr(owner, name, recorded)
     return returned
+
+
+# ---------------------------------------------------------------------------- LoRA gradients of one batch
+def lora_grads(overrides, device, steps_batch=4):
+    """LoRA gradients of one batch of real chat data (tiny model), the way a cell builds the model."""
+    c = OmegaConf.to_object(compose_cfg(["seq_len=64", f"batch={steps_batch}", *overrides]))
+    torch.manual_seed(0)
+    from lorabench.builders import data, modeling
+    from lorabench.fast import parts
+    from lorabench.run import backends
+    from lorabench.run.loop import build_trainable_model
+
+    with backends.module_patches(c):
+        tok = modeling.build_tokenizer(c.model)
+        ds, _ = data.build_dataset(c, tok)
+        collate = data.build_collator(c, tok, segments=parts.varlen_runs(c, device))  # as lorabench.run.loop's
+        batch = collate([ds[i] for i in range(steps_batch)])
+        batch.pop(data.REAL_TOKENS, None)
+        model, _, (checkpointed, _) = build_trainable_model(c, device)
+        model.train()
+        # PEFT starts lora_B at zero, which leaves lora_A without a gradient: give B seeded values
+        # so that both halves of every adapter are compared.
+        g = torch.Generator().manual_seed(1)
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.data.copy_(torch.randn(p.shape, generator=g) * 0.05)
+        dtype = modeling.WEIGHT_DTYPE[c.precision.name]
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype in (torch.bfloat16, torch.float16)):
+            loss = model(**{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}).loss
+        loss.backward()
+    grads = {n: p.grad.double().cpu() for n, p in model.named_parameters() if p.requires_grad}
+    return loss.item(), grads, checkpointed
+
+
+def assert_grads_close(a, b, rtol):
+    assert a.keys() == b.keys() and a
+    for n in a:
+        # relative to the tensor's norm: elementwise rtol would fail on entries near zero
+        err = (a[n] - b[n]).norm() / b[n].norm()
+        assert err < rtol, (n, err.item())
+
+
+def _mask(x, p):
+    return torch.rand(x.shape, device=x.device) >= p
+
+
+class _SameMaskDropout(torch.nn.Dropout):
+    # (every nn.Dropout built while the fixture is on is one: p = 0 ones, such as Phi-3's residual
+    # dropout, draw nothing, as the fused path, which has none of them, draws nothing)
+    def forward(self, x):
+        return x * _mask(x, self.p) / (1 - self.p) if self.training and self.p else x
+
+
+@pytest.fixture
+def same_masks(monkeypatch):
+    """PEFT's dropout modules and the Function's dropout draw one mask source."""
+    import peft.tuners.lora.layer as lora_layer
+
+    from lorabench.fast import fused
+
+    def dropout(x, p, seeded, slot=None):
+        m = _mask(x, p)
+        return x * m / (1 - p), m
+
+    monkeypatch.setattr(fused, "_dropout", dropout)
+    monkeypatch.setattr(lora_layer.nn, "Dropout", _SameMaskDropout)  # PEFT builds nn.Dropout(p) per adapter

@@ -3,16 +3,15 @@ the node-consistency check passes and fails on crafted result files."""
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 from conftest import compose_cfg, read_result, requires_cuda, run_cli, spy
-from pathlib import Path
 
-
-from lorabench import cell
 from lorabench.bench import MEASURED, consistency
-from lorabench.config import Suite
-from lorabench.results import RunContext
+from lorabench.core.config import Suite
+from lorabench.core.results import RunContext
+from lorabench.run import cell
 
 
 def run_bench(overrides, run_dir):
@@ -88,8 +87,8 @@ def test_inference_and_gemms_are_the_checkpoints(tmp_path, monkeypatch):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from lorabench import bench
-    from lorabench.checks import bench_problems
     from lorabench.models import Architecture
+    from lorabench.run.checks import bench_problems
 
     cfg = AutoConfig.for_model("qwen2", hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,

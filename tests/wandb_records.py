@@ -36,12 +36,14 @@ def records(path):
 
 
 def summarize_run(path) -> dict:
-    """The run's name, group, job type, tags, config, final summary and exit code."""
+    """The run's name, project, entity, group, job type, tags, config, history keys, artifacts, final summary and
+    exit code."""
     out = {"summary": {}, "config": {}}
     for r in records(path):
         kind = r.WhichOneof("record_type")
         if kind == "run":
-            out.update(name=r.run.display_name, group=r.run.run_group, job_type=r.run.job_type, tags=list(r.run.tags))
+            out.update(name=r.run.display_name, group=r.run.run_group, job_type=r.run.job_type, tags=list(r.run.tags),
+                       project=r.run.project, entity=r.run.entity)
             out["config"].update({u.key: json.loads(u.value_json) for u in r.run.config.update})
         elif kind == "config":
             out["config"].update({u.key: json.loads(u.value_json) for u in r.config.update})
@@ -51,4 +53,8 @@ def summarize_run(path) -> dict:
             out["exit_code"] = r.exit.exit_code
         elif kind == "history":
             out.setdefault("history_keys", set()).update(i.key or i.nested_key[0] for i in r.history.item)
+            out.setdefault("history", []).append({i.key or "/".join(i.nested_key): json.loads(i.value_json)
+                                                  for i in r.history.item})
+        elif kind == "artifact":
+            out.setdefault("artifacts", {})[r.artifact.name] = [e.path for e in r.artifact.manifest.contents]
     return out

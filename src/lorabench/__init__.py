@@ -3,7 +3,7 @@
 import logging
 
 # The one home of the version: pyproject.toml reads it (setuptools' dynamic version), and so do the
-# image's tag (docker/image.sh, `make image`) and the Kubernetes Jobs' default image (lorabench.k8s).
+# image's tag (docker/image.sh, `make image`) and the Kubernetes Jobs' default image (lorabench.sweep.k8s).
 __version__ = "0.1.0"
 
 # bitsandbytes logs a warning when it is imported (which transformers does on its first import)

@@ -28,16 +28,18 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from lorabench import cell, modeling
-from lorabench.checks import bench_problems, check_model_path, check_precision
-from lorabench.config import BenchConfig, HardwareConfig, ModelConfig, Suite
-from lorabench.data import plain_token_low
-from lorabench.devices import setup_device, sync
-from lorabench.loggers import MetricLogger
-from lorabench.meter import NvmlSampler
+from lorabench.builders import modeling
+from lorabench.builders.data import plain_token_low
+from lorabench.core.config import BenchConfig, HardwareConfig, ModelConfig, Suite
+from lorabench.core.devices import setup_device, sync
+from lorabench.core.results import EXIT_CODES, CellResult, RunContext, Status, is_sweep_dir, load_cells
+from lorabench.measure.loggers import MetricLogger
+from lorabench.measure.meter import NvmlSampler
 from lorabench.models import Architecture
-from lorabench.report import write_projection, write_report
-from lorabench.results import EXIT_CODES, CellResult, RunContext, Status, load_cells
+from lorabench.report.page import write_projection, write_report
+from lorabench.run import cell
+from lorabench.run.checks import bench_problems, check_model_path, check_precision
+from lorabench.sweep.callbacks import END_SWEEP
 
 log = logging.getLogger(__name__)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch.float32, "fp32": torch.float32}
@@ -156,7 +158,7 @@ def hardware(c: BenchConfig, ctx: RunContext, result: CellResult, logger: Metric
     # every matmul, the step GEMMs per token count, copy, elementwise, launch, and the host link (CUDA)
     progress = Progress(len(h.dtypes) * len(h.sizes) + len(h.tokens) + 3 + 2 * (device.type == "cuda"))
     out = matmul_rates(device, h, gpu, progress)
-    # What a LoRA step of the model multiplies (model=...): the figure lorabench.projection scales by.
+    # What a LoRA step of the model multiplies (model=...): the figure lorabench.report.projection scales by.
     for tokens in h.tokens:
         progress(f"step GEMMs of model={c.model.name} at {tokens} tokens")
         out[f"hw/gemm_t{tokens}_tflops"] = gemm_rate(device, h, c.model, tokens, DTYPES["bf16"])
@@ -336,6 +338,13 @@ def run_suite(cfg: DictConfig, ctx: RunContext) -> int:
     if c.suite is Suite.report:
         if not c.sweep_dir:
             raise ValueError("suite=report needs sweep_dir=<a sweep dir under outputs/sweeps>")
+        # The report is written into the dir it reports on: only into a sweep lorabench ran, never into
+        # a dir of anything else (a copy of cells, a folder of results) that was only to be read.
+        if Path(c.sweep_dir).is_dir() and not is_sweep_dir(Path(c.sweep_dir)):
+            print(f"bench.py: sweep_dir={c.sweep_dir} is not the dir of a sweep lorabench ran (no cells.json, no "
+                  "multirun.yaml of train.py or bench.py, its cells ran elsewhere): no report is written there",
+                  file=sys.stderr)
+            return EXIT_CODES[Status.failed]
         out = write_report(c.sweep_dir, c.report)
         print(out.markdown)
         print("\nfiles:\n" + "\n".join(f"  {f}" for f in out.files))
@@ -344,7 +353,8 @@ def run_suite(cfg: DictConfig, ctx: RunContext) -> int:
         if not c.sweep_dir:
             raise ValueError("suite=project needs sweep_dir=<a measured sweep or run dir>")
         results = load_cells(Path(c.sweep_dir))
-        out = write_projection(Path(c.sweep_dir), results, list(c.target), list(c.measured), c.report.dataset_samples)
+        # Into this command's own run dir: sweep_dir is only read (it may be a committed run).
+        out = write_projection(ctx.run_dir, results, list(c.target), list(c.measured), c.report.dataset_samples)
         if not out.rows:
             raise ValueError(f"nothing to project in {c.sweep_dir}: " + (out.markdown or "no ok cell"))
         print(out.markdown)
@@ -354,4 +364,4 @@ def run_suite(cfg: DictConfig, ctx: RunContext) -> int:
         rows, ok = consistency(c)
         print_consistency(rows)
         return 0 if ok else 1
-    return cell.run(cfg, ctx, MEASURED[c.suite], job_type=f"bench-{c.suite.value}").exit_code
+    return cell.run(cfg, ctx, MEASURED[c.suite], job_type=f"bench-{c.suite.value}", end_sweep=END_SWEEP).exit_code

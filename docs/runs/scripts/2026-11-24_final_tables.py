@@ -1,4 +1,5 @@
-"""docs/performance.md's closing tables for issue 19, from the run dirs of docs/runs/2026-11-24_final:
+"""The first rounds' closing tables (in docs/runs/2026-11-24_final/README.md), from the run dirs of
+docs/runs/2026-11-24_final:
 
     python docs/runs/scripts/2026-11-24_final_tables.py
 
@@ -14,8 +15,8 @@ import importlib.util
 import json
 from pathlib import Path
 
-from lorabench import analysis as an
-from lorabench.results import load_cells
+from lorabench.report import analysis as an
+from lorabench.core.results import load_cells
 
 HERE = Path(__file__).resolve().parent
 spec = importlib.util.spec_from_file_location("lean_tables", HERE / "2026-11-24_lean_tables.py")
@@ -97,7 +98,7 @@ def profile() -> str:
 
 
 def loss_match() -> str:
-    """The report's loss-match table (lorabench.analysis): each cell's per-step loss against hf's with QLoRA's
+    """The report's loss-match table (lorabench.report.analysis): each cell's per-step loss against hf's with QLoRA's
     fp32 upcast, the first hf cell, on the same packed ShareGPT batches in the same order."""
     results = [r for r in load_cells(RUNS / "tests/loss_match") if r.ok]
     axes = an.axes(results)

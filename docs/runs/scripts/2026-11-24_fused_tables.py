@@ -1,6 +1,6 @@
-"""docs/performance.md's issue-19 tables, from the run dirs of docs/runs/2026-11-24_h100_fused (first
-round: fused projections, seeded dropout), docs/runs/2026-11-24_h100_offload (second: offloading) or
-docs/runs/2026-11-24_h100_varlen (third: packed rows' attention without a mask, the whole GPU) or
+"""The first four rounds' tables (each round's run dir README.md holds them), from the run dirs of
+docs/runs/2026-11-24_h100_fused (first round: fused projections, seeded dropout), docs/runs/2026-11-24_h100_offload
+(second: offloading) or docs/runs/2026-11-24_h100_varlen (third: packed rows' attention without a mask, the whole GPU) or
 docs/runs/2026-11-24_flat (fourth: the flat optimizer, q/k/v's adapters sharing their thin GEMMs, H100 and H200):
 
     python docs/runs/scripts/2026-11-24_fused_tables.py [fused|offload|varlen|flat]
@@ -12,7 +12,7 @@ tokens per timed step / the median step time; ratios are to the hf cell of the s
 import sys
 from pathlib import Path
 
-from lorabench.results import load_cells
+from lorabench.core.results import load_cells
 
 ROUND = sys.argv[1] if len(sys.argv) > 1 else "fused"
 RUNS = Path(__file__).resolve().parents[1] / ("2026-11-24_flat" if ROUND == "flat" else f"2026-11-24_h100_{ROUND}")

@@ -1,6 +1,6 @@
 """Issue 19, sixth round: one layer's backward input gradients at b48 x 512 rows (Mistral-7B, LoRA r16
 on q/k/v/o), as cuBLAS ran them in the fifth round (a chain of addmm_ into dX, then Liger's SwiGLU
-backward) and as lorabench.grad_kernels runs them (one Triton GEMM per group), with 128- and
+backward) and as lorabench.fast.kernels.grad runs them (one Triton GEMM per group), with 128- and
 256-wide tiles. Prints ms per group and the layer's sum.
   python docs/runs/scripts/2026-11-24_grad_shapes.py"""
 import torch
@@ -8,7 +8,7 @@ import torch
 import cuda_timing as timing  # beside this script
 from liger_kernel.ops.swiglu import swiglu_backward
 
-from lorabench import grad_kernels
+from lorabench.fast.kernels import grad as grad_kernels
 
 M, H, KV, FF, R = 48 * 512, 4096, 1024, 14336, 16
 dev, dt = "cuda", torch.bfloat16

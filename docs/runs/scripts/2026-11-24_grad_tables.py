@@ -1,4 +1,4 @@
-"""docs/performance.md's sixth-round tables (issue 19), from the run dirs of docs/runs/2026-11-24_grad:
+"""The sixth round's tables (in docs/runs/2026-11-24_grad/README.md), from the run dirs of docs/runs/2026-11-24_grad:
 
     python docs/runs/scripts/2026-11-24_grad_tables.py
 
@@ -38,7 +38,7 @@ if __name__ == "__main__":
     print("\n\n".join(lean.table(*lease) for lease in LEASES))
     print()
     (r,) = [r for r in lean.load_cells(lean.RUNS / "h200f/auto") if "prof/step_ms" in r.metrics]
-    # h200f ran before lorabench.profile counted lorabench.grad_kernels' GEMM as matmul: moved here from
+    # h200f ran before lorabench.measure.profile counted lorabench.fast.kernels.grad' GEMM as matmul: moved here from
     # elementwise, its per-step time read off the cell's profile.txt
     m = dict(r.metrics)
     text = (Path(r.dir) / "profile.txt").read_text()

@@ -1,5 +1,5 @@
 """Issue 19, sixth round: what one decoder layer spends besides its base GEMMs, at b48 x 512 rows
-(Mistral-7B, LoRA r16 on q/k/v/o, dropout 0), each piece alone, as lorabench.fused runs it and in
+(Mistral-7B, LoRA r16 on q/k/v/o, dropout 0), each piece alone, as lorabench.fast.fused runs it and in
 other forms: the adapters' thin GEMMs (forward and backward), the attention kernels PyTorch has
 (cuDNN, flash, memory-efficient; dense and varlen), and Liger's SwiGLU for scale.
 Prints ms, the bytes each piece must move and the bandwidth that makes, and the sum for 32 layers.
@@ -52,7 +52,7 @@ xa_q, xa_k, xa_v = xa_all.split(R, dim=1)
 g_all, g_o = rnd(T, 3 * R), rnd(T, R)
 dx = rnd(T, H)
 
-# as lorabench.fused runs them (merged q/k/v adapters: dropout 0)
+# as lorabench.fast.fused runs them (merged q/k/v adapters: dropout 0)
 row("XA = X [A_q;A_k;A_v]^T", lambda: x @ a_qkv.t(), T * H * e, "lora fwd")
 row("Y_q += s XA_q B_q^T (addmm_)", lambda: y_q.addmm_(xa_q, b_q.t(), alpha=2.0), 2 * T * H * e, "lora fwd")
 row("Y_k += s XA_k B_k^T (addmm_)", lambda: y_k.addmm_(xa_k, b_k.t(), alpha=2.0), 2 * T * KV * e, "lora fwd")

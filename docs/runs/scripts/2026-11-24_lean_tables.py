@@ -1,4 +1,4 @@
-"""docs/performance.md's fifth-round tables (issue 19), from the run dirs of docs/runs/2026-11-24_lean:
+"""The fifth round's tables (in docs/runs/2026-11-24_lean/README.md), from the run dirs of docs/runs/2026-11-24_lean:
 
     python docs/runs/scripts/2026-11-24_lean_tables.py
 
@@ -11,7 +11,7 @@ the hf and Unsloth cells of the same table.
 
 from pathlib import Path
 
-from lorabench.results import load_cells
+from lorabench.core.results import load_cells
 
 RUNS = Path(__file__).resolve().parents[1] / "2026-11-24_lean"
 OPTIONS = ("lean_step", "fused_mlp", "triton_dequant", "norm_backward_grid", "fused_add_norm")

@@ -14,9 +14,10 @@ import time
 import torch
 from omegaconf import OmegaConf
 
-from lorabench import backends, offload
-from lorabench.config import Config  # noqa: F401  (registers the schemas)
-from lorabench.loop import build_trainable_model
+from lorabench.run import backends
+from lorabench.fast import offload
+from lorabench.core.config import Config  # noqa: F401  (registers the schemas)
+from lorabench.run.loop import build_trainable_model
 
 sys.path.insert(0, "tests")
 from conftest import compose_cfg  # noqa: E402

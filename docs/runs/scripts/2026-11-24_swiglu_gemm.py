@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from lorabench.grad_kernels import _tile  # the same tile order as lorabench's GEMM
+from lorabench.fast.kernels.grad import _tile  # the same tile order as lorabench's GEMM
 
 M, H, FF = 48 * 512, 4096, 14336
 dev, dt = "cuda", torch.bfloat16

@@ -1,7 +1,7 @@
 """The nf4 dequantisation kernel against two ways of writing its output, timed as a cell runs it
 (2026-11-27_h100e.sh e1).
 
-lorabench.nf4_kernels' kernel turns each packed byte into two bf16 weights and writes them with tl.interleave
+lorabench.fast.kernels.nf4' kernel turns each packed byte into two bf16 weights and writes them with tl.interleave
 (a [blocks x 2 * bytes] tensor the compiler lays out again before the store). Variants here:
   - "packed store": the two bf16 weights of a byte as one 32-bit word (weight 2i, the high nibble, in the low
     half: the GPU is little-endian), stored as int32, one word per byte, in the order the bytes were loaded;
@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lorabench import nf4_kernels
+from lorabench.fast.kernels import nf4 as nf4_kernels
 
 
 @triton.jit
@@ -105,7 +105,7 @@ def main():
         ref = bnbf.dequantize_4bit(q, state)
         pairs = pair_table(state.code.to(dev))
         moved = shape[0] * shape[1] * 2.5
-        rows = [("lorabench.nf4_kernels as it is", lambda: nf4_kernels.dequantize(q, state))]
+        rows = [("lorabench.fast.kernels.nf4 as it is", lambda: nf4_kernels.dequantize(q, state))]
         for label, table in (("packed store", None), ("packed store, one gather", pairs)):
             for per in (1024, 2048, 4096):
                 for warps in (4, 8):

@@ -1,7 +1,7 @@
 """The nf4 dequantisation kernel's time on the GPU against a copy of the same bytes (2026-11-27_searched.sh).
 
 Per weight shape of Qwen2.5-7B's decoder layer (q, k, o, gate, down), double-quantised as QLoRA stores them:
-lorabench.nf4_kernels' kernel as it is (its program size chosen by the weight's size; at 2eaaca1, the kernel
+lorabench.fast.kernels.nf4' kernel as it is (its program size chosen by the weight's size; at 2eaaca1, the kernel
 before it, which gathered one scale per weight: runs/2026-11-27_searched/dequant_c1.md), the same kernel at
 several program sizes and warp counts, bitsandbytes' own dequantize_4bit, and a plain bf16 copy of the
 output's size (what the memory allows).
@@ -14,7 +14,7 @@ import torch
 import triton
 from cuda_timing import median_ms
 
-from lorabench import nf4_kernels
+from lorabench.fast.kernels import nf4 as nf4_kernels
 
 
 def main():
@@ -26,7 +26,7 @@ def main():
         q, state = bnbf.quantize_4bit(w, quant_type="nf4", compress_statistics=True)
         ref = nf4_kernels.dequantize(q, state)
         moved = shape[0] * shape[1] * 2.5  # bytes: 0.5 packed read, 2 written (scales left out: 1/64 of it)
-        rows = [("lorabench.nf4_kernels as it is", lambda: nf4_kernels.dequantize(q, state), True),
+        rows = [("lorabench.fast.kernels.nf4 as it is", lambda: nf4_kernels.dequantize(q, state), True),
                 ("bitsandbytes dequantize_4bit", lambda: bnbf.dequantize_4bit(q, state), True),
                 ("bf16 copy of the output's size (2 bytes read, 2 written)", lambda: ref.clone(), None)]
         for bytes_ in (1024, 2048, 4096, 8192):

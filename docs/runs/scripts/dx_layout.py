@@ -1,7 +1,7 @@
 """The backward's input gradients dX = sum_i dY_i W_i with the dequantised weight in each of two layouts
-(2026-11-27_h100d.sh): W row-major [out x in] as lorabench.fused runs them (cuBLAS reads B along N), and W^T
+(2026-11-27_h100d.sh): W row-major [out x in] as lorabench.fast.fused runs them (cuBLAS reads B along N), and W^T
 [in x out] row-major, passed as its [out x in] view (B read along K, the forward's layout), which `dequantize_t`
-below writes directly (a Triton kernel: lorabench.nf4_kernels' arithmetic, another layout of its output).
+below writes directly (a Triton kernel: lorabench.fast.kernels.nf4' arithmetic, another layout of its output).
 Qwen2.5-7B's and Llama-3.1-8B's decoder-layer shapes, bf16, at 4,096 rows (issue 34's batch 4 x 1,024) and
 16,384; with the forward's GEMMs for reference. Then the nf4 dequantisation of each weight shape into each layout
 (double-quantised as QLoRA stores them), both checked bit for bit against bitsandbytes. Median of 30 calls (CUDA
@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 from cuda_timing import median_ms
 
-from lorabench import nf4_kernels
+from lorabench.fast.kernels import nf4 as nf4_kernels
 
 
 @triton.jit

@@ -1,14 +1,14 @@
-"""A decoder layer's GEMMs at batch 4 x 1,024 tokens, each way lorabench.fused could run them (2026-11-27_searched.sh).
+"""A decoder layer's GEMMs at batch 4 x 1,024 tokens, each way lorabench.fast.fused could run them (2026-11-27_searched.sh).
 
 Qwen2.5-7B's and Llama-3.1-8B's shapes, bf16, on the GPU: the attention's input gradients (q, k, v with the
-adapters' term; o) as lorabench.grad_kernels' Triton GEMM with its 128 x 256 tiles and with 128 x 128 (more tiles
+adapters' term; o) as lorabench.fast.kernels.grad' Triton GEMM with its 128 x 256 tiles and with 128 x 128 (more tiles
 per wave where the output is small), and as cuBLAS; the MLP's gate and up as two GEMMs or one over both weights
 (forward: N = 2 x intermediate; backward: K = 2 x intermediate, where dG and dU lie side by side). Median of 30
 calls (CUDA events, after 5 warm-up calls), with TFLOP/s. Prints one markdown table per model."""
 import torch
 from cuda_timing import median_ms
 
-from lorabench import grad_kernels
+from lorabench.fast.kernels import grad as grad_kernels
 
 
 def triton_bn(bn):

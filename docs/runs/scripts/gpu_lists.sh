@@ -18,13 +18,21 @@ sweep() {  # sweep <gpu> <name> <train.py arguments...>: once, resumed until it 
   local gpu=$1 name=$2; shift 2
   [ -f $R/$name/done ] && return 0
   [ "$(left)" -lt 90 ] && return 1
-  echo "== gpu $gpu $name: $*" >> $R/log_$gpu.txt
+  echo "== gpu $gpu $name: $*" >> $R/log_$gpu.txt; echo $name >> $R/.names_$gpu
   CUDA_VISIBLE_DEVICES=$gpu timeout -s INT $(left) python3 train.py "$@" sweep.deadline_s=$(( $(left) - 15 )) \
     hydra.sweep.dir=$R/$name >> $R/log_$gpu.txt 2>&1
   local rc=$?  # 124: the backstop cut it; 4: stopped before the deadline; 2: a cell failed
   echo "gpu $gpu $name: exit $rc after $((SECONDS - t0)) s" | tee -a $R/log_$gpu.txt
   [ $rc -ne 124 ] && [ $rc -ne 4 ] && touch $R/$name/done
+  pack_gpu $gpu  # what this GPU's list wrote so far comes back even if the call is cut later
   [ $rc -ne 124 ] && [ $rc -ne 4 ]
+}
+pack_gpu() {  # pack_gpu <gpu>: what this GPU's list wrote in this call (its sweeps, its log) into
+  # $OUT/<call>_gpu<gpu>.tgz, one archive a GPU, written beside and renamed, so a cut call returns whole archives
+  (cd $R && { echo log_$1.txt; [ $1 = 0 ] && echo gpu_tests.txt; cat .names_$1 2>/dev/null; } | sort -u \
+    | xargs -r find 2>/dev/null | while read -r f; do [ -f "$f" ] && [ "$f" -nt .start_$call ] && echo "$f"; done \
+    | grep -vE '\.(pt|safetensors|html|png)$|checkpoint-' | tar czf $OUT/.${call}_gpu$1.tgz -T - \
+    && mv $OUT/.${call}_gpu$1.tgz $OUT/${call}_gpu$1.tgz) 2>/dev/null
 }
 cores=$(( $(nproc) / $(nvidia-smi -L | wc -l) ))  # each GPU's share of the host's cores
 pinned() {  # pinned <gpu> <list function>: the list (this subshell and what it starts) on its own cores

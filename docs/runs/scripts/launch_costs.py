@@ -4,7 +4,7 @@ Each operation runs on small tensors (64 tokens: the device finishes it long bef
 next), 200 times after 20 warm-up calls; the figure is the host's wall time per call (time.perf_counter
 around the 200 calls, the device synchronised before the clock starts and after it stops, so a call that waits
 for the device counts its wait). The Triton kernels (lorabench's and Liger's RMSNorm) are timed again with
-backend.lean_launch's launch (lorabench.lean_launch), Liger's RMSNorm module of a frozen weight also with
+backend.lean_launch's launch (lorabench.fast.lean_launch), Liger's RMSNorm module of a frozen weight also with
 backend.norm_backward_grid's launch, and the adapter's cast against flat_optim's copy cast once a step. Prints one markdown table: operation, us per call."""
 import functools
 import sys
@@ -14,7 +14,8 @@ import bitsandbytes.functional as bnbf
 import torch
 import torch.nn.functional as F
 
-from lorabench import dropout_kernels, flat_optim, lean_launch, nf4_kernels, norm_kernels
+from lorabench.fast.kernels import dropout as dropout_kernels, nf4 as nf4_kernels, norm as norm_kernels
+from lorabench.fast import flat_optim, lean_launch
 
 dev, bf = torch.device("cuda"), torch.bfloat16
 x = torch.randn(64, 3584, device=dev, dtype=bf)

@@ -1,9 +1,9 @@
 """The adapters' rank-r update added into a [tokens x features] tensor by one Triton kernel:
 Y += alpha * XA B^T, with XA [tokens x r] and B [features x r]. Measured by 2026-11-24_layer_parts.py
-(sixth round); not used by lorabench: the backward's dX term now rides in lorabench.grad_kernels' GEMM
+(sixth round); not used by lorabench: the backward's dX term now rides in lorabench.fast.kernels.grad' GEMM
 and the forward's two updates would save ~0.09 ms a layer.
 
-lorabench.fused adds each adapter's output into its base GEMM's output (forward: Y_q += s XA_q B_q^T)
+lorabench.fast.fused adds each adapter's output into its base GEMM's output (forward: Y_q += s XA_q B_q^T)
 and its input gradient into the base layers' (backward: dX += G [A_q; A_k; A_v]) with cuBLAS's addmm_
 (beta = 1). With r = 16 (48 for q, k, v merged) these GEMMs are pure memory traffic: Y is read and
 written once (2 x 24,576 x 4,096 x 2 bytes = 403 MB at b48 x 512 rows), XA and B are ~1% of that.

@@ -4,7 +4,7 @@
 
 Runs train.py in this process under PyTorch's allocator history (torch.cuda.memory._record_memory_history),
 then replays the trace: the live bytes after each event, the largest after the last reset of the peak
-statistics (lorabench.meter resets them where the timed window starts, so this is the peak that metrics.json
+statistics (lorabench.measure.meter resets them where the timed window starts, so this is the peak that metrics.json
 records as mem/peak_allocated_gib), and the tensors alive at that moment grouped by the first frame outside
 torch's own modules (torch.optim and torch.utils.checkpoint count as callers). Writes <out dir>/peak.md.
 A sweep of one cell is meant: the replay covers the whole process.
@@ -28,7 +28,7 @@ def trace_len() -> int:
 
 
 def importable(path: str) -> str:
-    """A file's path from the sys.path entry it is imported through (lorabench/fused.py, bitsandbytes/...): the
+    """A file's path from the sys.path entry it is imported through (lorabench/fast/fused.py, bitsandbytes/...): the
     same on every machine."""
     roots = sorted((r.rstrip("/") + "/" for r in sys.path if r), key=len, reverse=True)
     return next((path[len(r):] for r in roots if path.startswith(r)), path)

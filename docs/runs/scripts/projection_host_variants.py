@@ -7,8 +7,8 @@ Median and largest |error| of tokens/s (samples/s for the A10) against the measu
 
 from pathlib import Path
 
-from lorabench import projection as pj
-from lorabench.results import load_results
+from lorabench.report import projection as pj
+from lorabench.core.results import load_results
 
 RUNS = Path(__file__).resolve().parents[1]
 

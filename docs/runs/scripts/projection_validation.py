@@ -13,10 +13,18 @@ the same six A10 figures from the source cells used before, which were not the s
 
 import sys
 
-from lorabench.analysis import md_table
-from lorabench.projection import errors, gpu_option, measured_points, project, projectable, step_parts, validate
-from lorabench.projection import validation_markdown
-from lorabench.results import REPO, load_cells
+from lorabench.core.results import REPO, load_cells
+from lorabench.report.analysis import md_table
+from lorabench.report.projection import (
+    errors,
+    gpu_option,
+    measured_points,
+    project,
+    projectable,
+    step_parts,
+    validate,
+    validation_markdown,
+)
 
 R = REPO / "docs/runs"
 SEED = R / "seed_a10/diagnostic.csv"

@@ -1,12 +1,12 @@
 """lorabench's search as a Hydra sweeper plugin: Hydra instantiates a sweeper only from a class defined
 under the hydra_plugins package (hydra.core.plugins), so the class lives here and the work in
-lorabench.search. Selected by conf/experiment/tune.yaml (hydra.sweeper._target_). The report is written
-from here (lorabench.report reads search.json through lorabench.search, so that module cannot call it)."""
+lorabench.sweep.search. Selected by conf/experiment/tune.yaml (hydra.sweeper._target_). The report is written
+again from here once search.json holds every search."""
 
 import sys
 from pathlib import Path
 
-from lorabench.search import BudgetSearch as _BudgetSearch
+from lorabench.sweep.search import BudgetSearch as _BudgetSearch
 
 
 class BudgetSearch(_BudgetSearch):
@@ -15,8 +15,8 @@ class BudgetSearch(_BudgetSearch):
         # matplotlib take ~2 s)
         from omegaconf import OmegaConf
 
-        from lorabench.config import ReportConfig
-        from lorabench.report import write_report
+        from lorabench.core.config import ReportConfig
+        from lorabench.report.page import write_report
 
         report = OmegaConf.to_object(self.config.report) if "report" in self.config else ReportConfig()
         try:

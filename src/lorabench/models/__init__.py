@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lorabench.config import ModelConfig
-from lorabench.models.architecture import FAMILY, Architecture
+from lorabench.core.config import ModelConfig
+from lorabench.models.architecture import Architecture
+from lorabench.models.families import FAMILIES, Family, family
 
-__all__ = ["Architecture", "FAMILY", "architecture_of", "hf_config"]
+__all__ = ["Architecture", "FAMILIES", "Family", "architecture_of", "family", "hf_config"]
 
 # ModelConfig fields that are transformers config keys of the same name.
 SHAPE_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",

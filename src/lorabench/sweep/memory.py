@@ -1,0 +1,220 @@
+"""What a training step holds on the GPU at its peak, by part, from the model's shape and the cell's layout
+(which decoder layers keep, recompute or offload their activations), before any cell runs.
+
+The searches start where this model says a cell fits and refit it on the peaks they measure
+(lorabench.sweep.search for batch x layout, lorabench.sweep.context for the longest seq_len); the max-context report
+shows its split beside the measured peak.
+
+Per token of a row and per decoder layer (w: the compute dtype's bytes, 2 in bf16):
+  kept        a layer that keeps what its backward needs: its input, q/k/v and the attention's output, the
+              MLP's two [tokens x intermediate] tensors (Architecture.activation_width x w); under PEFT's LoRA
+              layers (hf) with dropout, each adapted projection's dropped-out input and its mask (in_features
+              x (w + 1)): on every linear layer (lora=all_linear) that is 6 x hidden + intermediate values more
+  recomputed  a recomputed layer keeps its input: hidden x 4 bytes in QLoRA's fp32 residual stream (hf), x w
+              in a bf16 one (fast, Unsloth); with offloaded checkpoints (train.offload_checkpoints, Unsloth's
+              "unsloth") ~0 on the GPU, the input waits in pinned host memory
+  offloaded   a layer whose saved activations wait in host memory (train.offload_fraction): ~0 on the GPU
+Per token, once:
+  working     the layer in its backward (the one being recomputed, with checkpointing) holds its activations
+              and their gradients: 2 x kept; with the MLP tiled (backend.tiled_mlp) its [tokens x
+              intermediate] tensors for one tile of tokens only
+  logits      the loss: hf's fp32 logits, log-softmax and both gradients, 4 x vocab x 4 bytes (2 MiB a token
+              on Llama-3's 128,256 words: hf's context ends here first); Liger's fused linear cross-entropy
+              (fast) one chunk of at most ce_chunk_mem x hidden values a token; Unsloth's fused loss fp32
+              logits in chunks of at most 4 GiB (unsloth_zoo's target_gb) and its hidden states' fp32 gradient
+  mask        transformers' SDPA on padded or packed rows (hf): a [seq x seq] bool mask a row, the one term
+              quadratic in seq_len (1 GiB at 32,768 tokens, 16 GiB at 131,072). Attention itself (flash or
+              memory-efficient SDPA, varlen flash, Unsloth's kernels) keeps its output and one float per query
+              and head: linear in seq_len, no [seq x seq] scores.
+Fixed: the weights at their precision, LoRA's adapters with their gradients and AdamW states, 0.5 GiB of
+allocator slack.
+
+Against the peak-memory lines measured at seq 512 on an H100 (Mistral-7B nf4, LoRA r16 q/k/v/o, dropout 0.05: hf
+every layer recomputed 1.32 MB a token, fast 0.55 MB, Unsloth offloaded 0.24 MB) this gives 1.33, 0.51 and 0.33 MB.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+GIB = 2**30
+SLACK_GIB = 0.5  # the caching allocator's blocks between tensors
+UNSLOTH_LOSS_CAP = 4 * GIB  # unsloth_zoo's fused cross-entropy: fp32 logits chunks of at most min(4 GiB, free / 2)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a layout does with the decoder layers (a search's Layout carries one)."""
+
+    recomputed: float = 0.0  # fraction of layers recomputed in the backward
+    offloaded: float = 0.0  # fraction whose saved activations wait in host memory (train.offload_fraction)
+    inputs_offloaded: bool = False  # the recomputed layers' inputs wait in host memory
+    tile: int = 0  # tokens per tile of the MLP (backend.tiled_mlp), 0 = untiled
+
+
+def plan_of(c) -> Plan:
+    """The plan a composed cell's config asks for."""
+    from lorabench.core.config import Backend
+
+    t, b = c.train, c.backend
+    r = t.checkpoint_fraction if t.gradient_checkpointing else 0.0
+    if b.name is Backend.unsloth:  # its "unsloth" checkpointing offloads the checkpointed layers' inputs
+        return Plan(r, 0.0, b.unsloth_offload and r > 0, 0)
+    return Plan(r, t.offload_fraction, t.offload_checkpoints and r > 0, b.tiled_mlp)
+
+
+@dataclass(frozen=True)
+class TokenBytes:
+    """Device bytes per token of a row (the module's docstring says what each holds)."""
+
+    kept: float  # a layer that keeps its activations
+    mlp: float  # of which the MLP's [tokens x intermediate] tensors (one tile of them with backend.tiled_mlp)
+    recomputed: float  # a recomputed layer's input
+    logits: float  # the loss's
+    logits_cap: float | None = None  # bytes the loss holds at most (Unsloth's chunks), None: no cap
+    mask: bool = False  # a [seq x seq] bool attention mask a row
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """Where the memory of one step goes at its peak, in GiB: on the GPU, and in pinned host memory (`host`)."""
+
+    weights: float  # the base model at its precision, embeddings and head
+    lora: float  # LoRA's adapters, their gradients and AdamW states
+    kept: float  # activations of the layers that keep them
+    inputs: float  # recomputed layers' inputs held on the GPU
+    working: float  # the layer in its backward: its activations and their gradients
+    logits: float  # the loss's logits
+    mask: float  # the attention mask
+    slack: float  # the allocator's
+    host: float  # offloaded to host memory (not on the GPU)
+
+    @property
+    def device(self) -> float:
+        return self.fixed + self.activations
+
+    @property
+    def fixed(self) -> float:
+        return self.weights + self.lora + self.slack
+
+    @property
+    def activations(self) -> float:
+        return self.kept + self.inputs + self.working + self.logits + self.mask
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "device": self.device}
+
+
+LABELS = {"weights": "weights", "lora": "LoRA adapters + gradients + optimizer", "kept": "activations kept",
+          "inputs": "recomputed layers' inputs on the GPU", "working": "the layer in its backward",
+          "logits": "the loss's logits", "mask": "attention mask", "slack": "allocator slack",
+          "host": "offloaded to host"}
+
+
+@dataclass(frozen=True)
+class MemoryModel:
+    """A cell's memory model: its per-token bytes and fixed parts; `breakdown` at any plan, seq_len and batch."""
+
+    layers: int
+    tokens: TokenBytes
+    weights_gib: float
+    lora_gib: float
+
+    @classmethod
+    def of(cls, c) -> "MemoryModel":
+        from lorabench.models import architecture_of
+
+        a = architecture_of(c.model)  # the checkpoint's shape with model.path
+        return cls(a.layers, token_bytes_of(c, a), weights_gib_of(c, a), lora_gib_of(c, a))
+
+    @property
+    def fixed_gib(self) -> float:
+        return self.weights_gib + self.lora_gib + SLACK_GIB
+
+    def breakdown(self, plan: Plan, seq_len: int, batch: int = 1) -> Breakdown:
+        """GiB by part at `batch` rows of `seq_len` tokens under `plan`."""
+        tb, n, tokens = self.tokens, self.layers, batch * seq_len
+        kept_frac = max(0.0, 1.0 - plan.recomputed - plan.offloaded)
+        per_layer = tb.kept - (tb.mlp if plan.tile else 0.0)  # tiled: the MLP's tensors recomputed tile by tile
+        tile = tb.mlp * min(plan.tile, tokens) if plan.tile else 0.0
+        inputs = n * plan.recomputed * tb.recomputed * tokens
+        logits = tb.logits * tokens
+        return Breakdown(
+            weights=self.weights_gib, lora=self.lora_gib,
+            kept=n * kept_frac * per_layer * tokens / GIB,
+            inputs=0.0 if plan.inputs_offloaded else inputs / GIB,
+            working=2 * (per_layer * tokens + tile) / GIB,
+            logits=(min(logits, tb.logits_cap) if tb.logits_cap else logits) / GIB,
+            mask=batch * seq_len**2 / GIB if tb.mask else 0.0, slack=SLACK_GIB,
+            host=(n * plan.offloaded * per_layer * tokens + (inputs if plan.inputs_offloaded else 0.0)) / GIB)
+
+    def per_sample_gib(self, plan: Plan, seq_len: int) -> float:
+        """What one more row of seq_len tokens adds (the batch search's memory per sample)."""
+        return self.breakdown(plan, seq_len, 1).activations
+
+
+def token_bytes_of(c, a) -> TokenBytes:
+    """c's per-token bytes on architecture `a` (the module's docstring)."""
+    from lorabench.builders.data import packs
+    from lorabench.core.config import Backend, DataKind, Precision
+
+    b = c.backend
+    w = 4 if c.precision.name is Precision.fp32 else 2
+    unsloth, hf_like = b.name is Backend.unsloth, b.name in (Backend.hf, Backend.liger)
+    ff = a.experts_per_token * a.expert_intermediate if a.is_moe else a.intermediate
+    dropout = dropout_bytes(c, a, w) if hf_like and c.lora.dropout > 0 else 0.0
+    kept = a.activation_width() * w + dropout
+    recomputed = a.hidden * (4 if b.upcast_fp32 and not unsloth else w)
+    if "fused_linear_cross_entropy" in b.liger or (b.name is Backend.fast and b.chunked_loss):
+        logits, cap = w * b.ce_chunk_mem * a.hidden, None
+    elif unsloth:
+        logits, cap = 4 * a.vocab + 4 * a.hidden, UNSLOTH_LOSS_CAP + 0.0
+    else:
+        logits, cap = 4 * a.vocab * 4, None
+    # transformers builds a [seq x seq] mask for SDPA where a row has padding or several samples
+    mask = (hf_like and c.model.attn_implementation == "sdpa"
+            and (c.data.kind is not DataKind.synthetic or packs(c)))
+    return TokenBytes(kept, 2 * ff * w, recomputed, logits, cap, mask)
+
+
+def dropout_bytes(c, a, w: int) -> float:
+    """PEFT's LoRA dropout keeps, per adapted projection, its input dropped out (cast to the compute dtype) and
+    the mask: in_features x (w + 1) bytes a token."""
+    targets = a.resolve_lora_targets(list(c.lora.target_modules))
+    targets = a.lora_targets if targets == ("all-linear",) else targets
+    shapes = a.projections()
+    return sum(shapes[t][0] for t in targets if t in shapes) * (w + 1)
+
+
+def weights_gib_of(c, a) -> float:
+    """The weights at their precision (nf4: 4 bits and one 8-bit scale per 64 weights under double quantisation; an
+    MoE model's experts 2 bytes in nf4 and int8 cells, which bitsandbytes leaves unquantised), embeddings and head
+    (fp32 under QLoRA's upcast)."""
+    from lorabench.core.config import QUANTISED, Precision
+
+    p = c.precision.name
+    linear = a.matmul_params() - a.hidden * a.vocab  # every layer's projections (all experts), not the head
+    # int8: one fp32 scale per output row of in_features weights (the hidden width for most projections)
+    per_param = {Precision.nf4: 0.5 + 1 / 64, Precision.int8: 1.0 + 4 / a.hidden, Precision.fp32: 4.0}.get(p, 2.0)
+    experts = a.expert_params()
+    linear_bytes = (linear - experts) * per_param + experts * (2.0 if p in QUANTISED else per_param)
+    embed_w = 4 if c.backend.upcast_fp32 and p in QUANTISED else (4 if p is Precision.fp32 else 2)
+    embeddings = (1 if a.tied_embeddings else 2) * a.vocab * a.hidden
+    return (linear_bytes + embeddings * embed_w) / GIB
+
+
+def lora_gib_of(c, a) -> float:
+    """LoRA's weights, gradients and AdamW states, 4 + 4 + 8 bytes a parameter, on every projection it adapts
+    (lora=all_linear: all seven of a Llama layer's)."""
+    targets = a.resolve_lora_targets(list(c.lora.target_modules))
+    targets = a.lora_targets if targets == ("all-linear",) else targets
+    return a.lora_params(targets, c.lora.r, c.lora.experts) * (4 + 4 + 8) / GIB
+
+
+def token_bytes(c) -> TokenBytes:
+    return MemoryModel.of(c).tokens
+
+
+def fixed_gib(c) -> float:
+    """Memory that does not grow with batch or seq_len: weights, LoRA's states, slack (GiB)."""
+    return MemoryModel.of(c).fixed_gib

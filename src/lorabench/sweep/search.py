@@ -1,0 +1,693 @@
+"""Each backend at its best within a memory budget: a small deterministic search over layout x batch.
+
+    python train.py +experiment=tune backend=hf,unsloth,fast gpu=a10 seq_len=512
+
+The user's overrides form the outer grid (one cell per backend here, expanded as Hydra's basic sweeper
+does, lorabench.sweep.grid.expand). For each outer cell the search measures at most search.max_cells cells
+of its layout space, launched one at a time through the configured Hydra launcher, each an ordinary
+cell dir of the sweep (so the report reads it):
+
+  layouts   hf, fast (any backend but unsloth): recomputed fraction of layers (search.checkpoint_fractions)
+            x offloaded fraction (search.offload_fractions, where the two add up to at most 1); where the memory
+            model (lorabench.sweep.memory) says the row needs them, the long-context layouts too: every layer
+            recomputed with its input in host memory (train.offload_checkpoints), on fast also its MLP in tiles
+            (backend.tiled_mlp) and its loss in Liger's own chunks (long_layouts);
+            unsloth: its own checkpointing off / on (plain) / offloaded (backend.unsloth_offload).
+  batch     search.batches, per layout.
+
+With search.target=max_context (+experiment=max_context) each outer cell's search is lorabench.sweep.context's
+instead: its backend's longest seq_len at batch 1, through the same launcher, cell dirs and search.json.
+
+Why a deterministic search and not a TPE sampler (hydra-optuna-sweeper): memory is monotone in what we
+search (a larger batch, or a layout that recomputes and offloads no more layers, never uses less), so
+one OOM cell rules out a whole corner of the grid and one cell that fits rules in another; an OOM cell
+costs a model load like a measured one, and TPE, which sees only a score, would keep sampling that
+corner. Twelve trials are too few for TPE's model to beat a bisection that knows the structure, and a
+bisection gives the same cells on every run (a comparison between backends must be reproducible).
+
+How cells are chosen (`search`):
+  1. Layouts in order of expected speed at equal batch (the most layers kept first, then the fewest
+     recomputed: an offloaded layer costs host-link time, a recomputed one a third of its compute), except
+     that the layout saving the most memory goes second: both ends are measured before the cap can run out.
+  2. Per layout, the first batch is the largest one the memory model (`fixed_gib` + `token_bytes`:
+     weights plus per-token activations, its line refitted on the peaks of the cells measured so far)
+     puts within the budget; an OOM lowers it (bisection guided by the refitted model), a cell that fits
+     raises it one step of the ladder until an OOM, a known or estimated OOM, or a throughput that rose
+     less than search.plateau. A layout that met the memory wall after one cell gets one cell a step
+     below, when cells are to spare, to learn whether a larger batch still pays (`probe_plateau`).
+  3. A cell implied OOM by a measured one (no larger batch, a layout saving no more memory) is never
+     run: it is recorded as skipped with its witness, as is one the refitted model puts 10% over the
+     budget. A layout is skipped when one that saves less memory reached its plateau or the top of
+     the ladder (saving more memory only buys a larger batch, which no longer pays), or when it would
+     fit no larger batch than such a layout's best.
+  4. The best is the fastest measured cell (non-pad tokens/s); search.json says why it won.
+With search.allow_dropout_zero=true the best layout is measured again with lora.dropout=0 (a second,
+labelled row: it changes the training recipe, so it is the user's call).
+
+Cells are launched one at a time: each choice depends on the cell before, and one GPU runs one cell at
+a time anyway. Being deterministic, the same command run again into the same sweep dir proposes the
+same cells with the same job numbers, and each one already ok is read back, not run (lorabench.run.cell).
+A sweep stopped mid-search (SIGTERM, Ctrl-C, sweep.deadline_s) keeps the search so far in search.json and
+the report, its best marked cut short, before the process exits; the same command then resumes it (a cell that
+ran out of memory in the earlier run is read back from its dir too: earlier_oom).
+Hydra instantiates a sweeper only from under the hydra_plugins package: the class it names lives in
+src/hydra_plugins/lorabench_search and is this module's BudgetSearch.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Optional
+
+from hydra.plugins.sweeper import Sweeper
+
+from lorabench.core.results import (
+    CELLS_FILE,
+    RESULT_FILE,
+    SearchRecord,
+    Trial,
+    atomic_write_json,
+    read_cells,
+    read_result,
+    write_searches,
+)
+from lorabench.sweep import memory
+from lorabench.sweep.grid import expand
+
+GIB = 2**30
+FIT_MARGIN = 0.02  # a batch is started on when the model puts it this far under the budget
+SKIP_MARGIN = 0.10  # and skipped on the model's word only when it puts it this far over (once calibrated)
+# The keys a search sets in each cell: an outer override of one of them would be overwritten.
+SEARCH_KEYS = ("batch", "train.gradient_checkpointing", "train.checkpoint_fraction", "train.offload_fraction",
+               "train.offload_checkpoints", "backend.tiled_mlp", "backend.unsloth_offload")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Which layers recompute or offload their activations, as cell overrides."""
+
+    label: str  # "ckpt 0.5 offload 0.25", "unsloth offloaded"
+    overrides: tuple[str, ...]
+    # (recomputed, offloaded, tiled): fractions of layers recomputed and offloaded (a recomputed layer whose input
+    # waits in host memory counts as both), and whether the MLP runs in tiles; more of any never uses more memory
+    saves: tuple[float, ...]
+    gib_per_sample: float  # the estimate's activation memory per sample at this layout (GiB)
+    plan: memory.Plan = memory.Plan()  # what the memory model was told of the layout
+
+    def uses_no_less_than(self, other: "Layout") -> bool:
+        """At the same batch this layout needs at least the memory of `other` (it saves no more)."""
+        return all(a <= b + 1e-9 for a, b in zip(self.saves, other.saves))
+
+
+@dataclass
+class Measured:
+    """What one launched cell gave back."""
+
+    status: str  # ok, oom, skipped, failed, interrupted
+    tok_s: Optional[float] = None  # perf/tokens_per_s (non-pad)
+    peak_gib: Optional[float] = None  # mem/peak_reserved_gib
+    job: Optional[int] = None  # its job number (cell dir) in the sweep
+    error: Optional[str] = None
+    device_gib: Optional[float] = None  # mem/device_total_gib: the budget when the gpu option names none
+    last: str = ""  # why the sweep ends after this cell (SIGTERM, Ctrl-C, sweep.deadline_s): its result counts
+    tok_s_p50: Optional[float] = None  # the same tokens a step over the median step (lorabench.report.analysis)
+
+
+@dataclass
+class Space:
+    layouts: list[Layout]  # in search order (fastest per step first)
+    batches: list[int]  # ascending
+    budget_gib: Optional[float]  # None: unknown until a cell reports its device's memory
+    fixed_gib: float  # the estimate's memory that does not grow with batch
+    max_cells: int = 12
+    plateau: float = 0.03
+    budget_read: bool = False  # budget_gib is the device's size read before any cell (NVML): a cell's own replaces it
+
+
+@dataclass
+class Outcome:
+    trials: list[Trial] = field(default_factory=list)
+    best: Optional[Trial] = None
+    why: str = ""
+    stops: dict = field(default_factory=dict)  # layout label -> why its climb ended
+    budget_gib: Optional[float] = None
+    cut_short: str = ""  # why the search ended before its space or cap did (the sweep was stopped)
+
+
+Measure = Callable[[Layout, int], Measured]
+
+
+class Search:
+    """The search's state over one outer cell: every trial, the memory model, each layout's end."""
+
+    def __init__(self, space: Space, measure: Measure, log: Callable[[str], None] = lambda s: None):
+        self.s, self.measure, self.log = space, measure, log
+        self.out = Outcome()
+        self.by_label = {L.label: L for L in space.layouts}
+        self.budget = self.out.budget_gib = space.budget_gib
+        self.stopped = False  # the backend cannot run here (skipped cell, e.g. not installed)
+
+    # ------------------------------------------------------------------ what is known
+    def done(self, L: Layout, status: str | None = None) -> list[Trial]:
+        return [t for t in self.out.trials if t.layout == L.label and t.job is not None
+                and (status is None or t.status == status)]
+
+    def implied_oom(self, L: Layout, b: int) -> Trial | None:
+        """A measured OOM at no larger batch with a layout that saves no less memory than L."""
+        return next((t for t in self.out.trials if t.status == "oom" and t.job is not None and t.batch <= b
+                     and L.uses_no_less_than(self.by_label[t.layout])), None)
+
+    def implied_fit(self, L: Layout) -> int:
+        """The largest batch L is known to fit: an ok cell at no smaller batch saving no more memory."""
+        return max((t.batch for t in self.out.trials if t.status == "ok" and t.job is not None
+                    and self.by_label[t.layout].uses_no_less_than(L)), default=0)
+
+    def cells_left(self) -> int:
+        return self.s.max_cells - sum(t.job is not None for t in self.out.trials)
+
+    # ------------------------------------------------------------------ the memory model
+    def calibration(self) -> tuple[float, float] | None:
+        """(fixed GiB, scale of the per-sample estimate) from the ok cells' peaks: a least-squares line
+        over (estimated activations, peak) when two or more differ, else the estimate's fixed part
+        and the scale through the one point; every OOM cell then held above the budget."""
+        pts = [(self.by_label[t.layout].gib_per_sample * t.batch, t.peak_gib) for t in self.out.trials
+               if t.status == "ok" and t.peak_gib is not None and t.job is not None]
+        fixed, scale = self.s.fixed_gib, 1.0
+        if len({x for x, _ in pts}) >= 2:
+            mx, my = sum(x for x, _ in pts) / len(pts), sum(y for _, y in pts) / len(pts)
+            scale = sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
+            fixed = my - scale * mx
+        elif pts:
+            scale = (pts[0][1] - fixed) / pts[0][0]
+        if scale <= 0 or fixed < 0:  # a line the points do not support: the estimate through the largest point
+            x, y = max(pts, key=lambda p: p[0]) if pts else (1.0, self.s.fixed_gib + 1.0)
+            fixed, scale = min(self.s.fixed_gib, 0.9 * y), (y - min(self.s.fixed_gib, 0.9 * y)) / x
+        if self.budget:
+            for t in self.out.trials:
+                if t.status == "oom" and t.job is not None:
+                    x = self.by_label[t.layout].gib_per_sample * t.batch
+                    scale = max(scale, (self.budget - fixed) / x * 1.01)
+        return (fixed, scale) if pts else None
+
+    def predict(self, L: Layout, b: int) -> float:
+        """Peak GiB of L at batch b: along L's own two largest ok cells where there are two (its memory
+        per sample measured: the estimate's split between layouts can be off, e.g. where the logits of a
+        152k vocabulary dominate, or LoRA dropout's copies on every linear layer), from its largest ok cell
+        where there is one (its activations over the calibrated fixed part: its own memory per sample), else
+        from the calibrated line (or the raw estimate)."""
+        cal = self.calibration()
+        fixed, scale = cal or (self.s.fixed_gib, 1.0)
+        own = sorted((t for t in self.done(L, "ok") if t.peak_gib is not None), key=lambda t: t.batch)
+        if len(own) >= 2 and own[-1].batch > own[-2].batch and own[-1].peak_gib > own[-2].peak_gib:
+            per_sample = (own[-1].peak_gib - own[-2].peak_gib) / (own[-1].batch - own[-2].batch)
+            return own[-1].peak_gib + per_sample * (b - own[-1].batch)
+        if own:
+            t = own[-1]
+            per_sample = (t.peak_gib - fixed) / t.batch if t.peak_gib > fixed else scale * L.gib_per_sample
+            return t.peak_gib + per_sample * (b - t.batch)
+        return fixed + scale * L.gib_per_sample * b
+
+    def fits_estimate(self, L: Layout, b: int) -> bool:
+        margin = FIT_MARGIN if self.calibration() is None else FIT_MARGIN / 4  # measured peaks: a tighter start
+        return self.budget is None or self.predict(L, b) <= self.budget * (1 - margin)
+
+    def estimated_oom(self, L: Layout, b: int) -> str | None:
+        if self.budget is None or self.calibration() is None:
+            return None  # the raw estimate may be off by 2x: it chooses where to start, never what to skip
+        p = self.predict(L, b)
+        return (f"estimated {p:.1f} GiB > budget {self.budget:g} GiB (the memory model calibrated on the "
+                f"cells measured)") if p > self.budget * (1 + SKIP_MARGIN) else None
+
+    # ------------------------------------------------------------------ trials
+    def skip(self, L: Layout, b: int | None, reason: str) -> None:
+        self.out.trials.append(Trial(L.label, b, "skipped", reason=reason))
+        self.log(f"b{b} {L.label}: skipped ({reason})" if b else f"{L.label}: skipped ({reason})")
+
+    def run(self, L: Layout, b: int) -> Trial:
+        m = self.measure(L, b)
+        t = Trial(L.label, b, m.status, m.tok_s, m.peak_gib, m.job if m.job is not None else -1, m.error or "",
+                  m.tok_s_p50)
+        self.out.trials.append(t)
+        if m.device_gib and (self.budget is None or self.s.budget_read):  # gpu=auto: what torch sees, once known
+            self.budget = self.out.budget_gib = m.device_gib
+        # A cell skipped (the backend is not installed) says the same of every other; two failures in a
+        # row (CUDA missing, a bad value) most likely too; an interrupted one means stop (SIGTERM).
+        failed = [x.status in ("failed", "interrupted") for x in self.out.trials if x.job is not None][-2:]
+        if m.last:
+            self.stopped, self.out.cut_short = True, f"the sweep stopped after cell {t.job} ({m.last})"
+            self.log(f"search stopped: {self.out.cut_short}; the same command resumes it")
+        elif m.status in ("skipped", "interrupted") or failed == [True, True]:
+            self.stopped = True
+            self.log(f"search stopped: cell {t.job} {m.status}" + (" twice in a row" if m.status == "failed" else ""))
+        return t
+
+
+def search(space: Space, measure: Measure, log: Callable[[str], None] = lambda s: None) -> Outcome:
+    """The fastest cell of the space within its budget, in at most space.max_cells measured cells."""
+    st = Search(space, measure, log)
+    # The two ends first, then the middle: the fastest layout at equal batch, then the one that saves the
+    # most memory (its largest batch). A cap spent on the first layouts' OOM boundaries then still leaves
+    # the largest-batch end measured: on hf within 22 GiB at seq 512 that end (every layer recomputed,
+    # batch 16-24) is the fastest, and a search in plain order ran out of cells before it passed b12.
+    ends = [space.layouts[0], space.layouts[-1]] if len(space.layouts) > 1 else list(space.layouts)
+    for L in ends + [L for L in space.layouts if L not in ends]:
+        if st.stopped:
+            break
+        if st.cells_left() <= 0:
+            st.skip(L, None, f"the cell cap (search.max_cells={space.max_cells}) is spent")
+            continue
+        if reason := dominated(st, L):
+            st.skip(L, None, reason)
+            st.out.stops[L.label] = "dominated"
+            continue
+        climb(st, L)
+        probe_plateau(st, L)
+    best_and_why(st)
+    return st.out
+
+
+def dominated(st: Search, L: Layout) -> str | None:
+    """Why L cannot beat a layout that saves less memory (and so runs as fast or faster at equal batch)."""
+    for K in st.s.layouts:
+        if K is L or not K.uses_no_less_than(L) or K.saves == L.saves:
+            continue
+        ok = st.done(K, "ok")
+        if not ok:
+            continue
+        best = max(ok, key=lambda t: t.tok_s)
+        why = st.out.stops.get(K.label, "")
+        if why.startswith(("plateau", "top")):
+            return f"{K.label} already at its best batch ({why}): saving more memory only buys a larger batch, " \
+                   "which no longer pays"
+        bigger = [b for b in st.s.batches if b > best.batch]
+        if not bigger:
+            return f"{K.label} already runs the largest batch (b{best.batch})"
+        if w := st.implied_oom(L, bigger[0]):
+            return f"fits no larger batch than {K.label}'s best b{best.batch}: b{bigger[0]} implied OOM by cell " \
+                   f"{w.job} ({w.name()})"
+        if e := st.estimated_oom(L, bigger[0]):
+            return f"fits no larger batch than {K.label}'s best b{best.batch}: at b{bigger[0]} {e}"
+    return None
+
+
+def climb(st: Search, L: Layout) -> None:
+    """L's fastest batch: start where the memory model says it still fits, bisect down on OOM, step up
+    while it fits and the throughput still rises by search.plateau."""
+    over = next((b for b in st.s.batches if st.implied_oom(L, b)), None)
+    cands = [b for b in st.s.batches if over is None or b < over]
+    if not cands:
+        w = st.implied_oom(L, st.s.batches[0])
+        st.skip(L, st.s.batches[0], f"implied OOM by cell {w.job} ({w.name()})")
+        st.out.stops[L.label] = "nothing fits"
+        return
+    known = st.implied_fit(L)
+    fitting = [b for b in cands if st.fits_estimate(L, b)]
+    b = max(max(fitting, default=cands[0]), min((c for c in cands if c >= known), default=cands[-1]))
+    while True:
+        if st.cells_left() <= 0:
+            st.out.stops[L.label] = "cell cap"
+            return
+        t = st.run(L, b)
+        if st.out.cut_short:
+            st.out.stops[L.label] = "cut short"
+            return
+        if t.status == "oom":
+            ok = max((x.batch for x in st.done(L, "ok")), default=0)
+            lower = [c for c in cands if ok < c < b and c >= known]  # known: fits, its throughput not yet measured
+            if not lower:
+                st.out.stops[L.label] = f"oom boundary: b{b} out of memory" + (f", b{ok} fits" if ok else "")
+                return
+            fit = [c for c in lower if st.fits_estimate(L, c)]
+            b = max(fit) if fit else lower[len(lower) // 2]
+            continue
+        if t.status != "ok":
+            st.out.stops[L.label] = f"{t.status}: {t.reason}"
+            return
+        if stop := step_up(st, L, t, cands):
+            st.out.stops[L.label] = stop
+            return
+        b = next(c for c in cands if c > b)
+
+
+def probe_plateau(st: Search, L: Layout) -> None:
+    """A layout whose climb met the memory wall after a single cell that fit says nothing about whether a
+    larger batch still pays, which is all that a layout saving more memory could buy: one cell a step
+    below tells, when some layout left to search saves more (a plateau then skips all of them) and the
+    cap leaves cells to spare."""
+    if st.stopped:
+        return
+    ok = st.done(L, "ok")
+    later = st.s.layouts[st.s.layouts.index(L) + 1:]
+    saving_more = [M for M in later if L.uses_no_less_than(M) and M.saves != L.saves]
+    # only with cells to spare: about two per layout left to search
+    if (len(ok) != 1 or not st.out.stops.get(L.label, "").startswith("oom boundary") or not saving_more
+            or st.cells_left() <= 2 * len(later)):
+        return
+    below = [b for b in st.s.batches if b < ok[0].batch]
+    if not below:
+        return
+    t = st.run(L, below[-1])
+    if t.status == "ok":
+        gain = ok[0].tok_s / t.tok_s - 1
+        if gain < st.s.plateau:
+            st.out.stops[L.label] = (f"plateau: b{t.batch} -> b{ok[0].batch} {100 * gain:+.1f}% tok/s "
+                                     f"(< {100 * st.s.plateau:g}%), and {st.out.stops[L.label]}")
+        else:
+            st.out.stops[L.label] += f" (tok/s still rising: b{t.batch} -> b{ok[0].batch} {100 * gain:+.1f}%)"
+
+
+def step_up(st: Search, L: Layout, t: Trial, cands: list[int]) -> str | None:
+    """Why L's climb ends after its ok cell t (None: go on to the next batch)."""
+    prev = [x for x in st.done(L, "ok") if x.batch < t.batch]
+    if prev:
+        p = max(prev, key=lambda x: x.batch)
+        gain = t.tok_s / p.tok_s - 1
+        if gain < st.s.plateau:
+            return f"plateau: b{p.batch} -> b{t.batch} {100 * gain:+.1f}% tok/s (< {100 * st.s.plateau:g}%)"
+    up = [c for c in cands if c > t.batch]
+    if not up:
+        return f"top of the batch range (b{t.batch})" if t.batch == st.s.batches[-1] else \
+            f"oom boundary: b{t.batch} fits, b{next(c for c in st.s.batches if c > t.batch)} does not"
+    if any(x.status == "oom" and x.batch == up[0] for x in st.done(L)):
+        return f"oom boundary: b{t.batch} fits, b{up[0]} does not"
+    if w := st.implied_oom(L, up[0]):
+        st.skip(L, up[0], f"implied OOM by cell {w.job} ({w.name()})")
+        return f"oom boundary: b{t.batch} fits, b{up[0]} implied OOM"
+    if e := st.estimated_oom(L, up[0]):
+        st.skip(L, up[0], e)
+        return f"oom boundary: b{t.batch} fits, b{up[0]} {e}"
+    return None
+
+
+def best_and_why(st: Search) -> None:
+    ok = sorted((t for t in st.out.trials if t.status == "ok" and t.tok_s), key=lambda t: -t.tok_s)
+    n = sum(t.job is not None for t in st.out.trials)
+    if not ok:
+        st.out.why = f"no cell fitted or ran among the {n} measured" + \
+            (f"; cut short: {st.out.cut_short}" if st.out.cut_short else "")
+        return
+    best = st.out.best = ok[0]
+    why = (f"fastest of {len(ok)} cells that ran ({n} measured, {len(st.out.trials) - n} skipped): "
+           f"{best.tok_s:,.0f} tok/s")
+    if len(ok) > 1:
+        nxt = ok[1]
+        why += f"; next {nxt.name()} at {nxt.tok_s:,.0f} ({100 * (nxt.tok_s / best.tok_s - 1):+.1f}%)"
+        if best.tok_s_p50 and nxt.tok_s_p50 and nxt.tok_s_p50 > best.tok_s_p50:  # slow steps decided it
+            why += (f", faster at the median step ({nxt.tok_s_p50:,.0f} against {best.tok_s_p50:,.0f}): the two "
+                    "are within their own step-to-step spread, measure both again before choosing")
+    stop = st.out.stops.get(best.layout)
+    st.out.why = why + (f"; its layout stopped at {stop}" if stop else "") + \
+        (f"; cut short: {st.out.cut_short}" if st.out.cut_short else "")
+
+
+def dropout_zero(space: Space, best: Trial, measure: Measure, cells: int,
+                 log: Callable[[str], None] = lambda s: None) -> list[Trial]:
+    """The best cell's layout again with lora.dropout=0 (`measure` adds the override): at its batch, then
+    one step up if that fits (no dropout masks or input copies to keep: a little less memory)."""
+    L = next(x for x in space.layouts if x.label == best.layout)
+    sub = Search(Space([L], space.batches, space.budget_gib, space.fixed_gib, cells, space.plateau), measure, log)
+    t = sub.run(L, best.batch)
+    up = [c for c in space.batches if c > best.batch]
+    if t.status == "ok" and up and sub.cells_left() > 0:
+        sub.run(L, up[0])
+    return sub.out.trials
+
+
+# ---------------------------------------------------------------------------- the space of one outer cell
+# The memory model (weights, LoRA's states, bytes a token by layout) is lorabench.sweep.memory's.
+token_bytes, fixed_gib = memory.token_bytes, memory.fixed_gib
+MLP_TILE = 4096  # tokens a tile of the MLP (backend.tiled_mlp): Arctic's and Unsloth's ceil(seq / hidden) tiles
+LONG = 8192  # tokens a row from which a search whose budget is unknown yet (gpu=auto) also tries the long layouts
+
+
+def layout_label(r: float, o: float, inputs_to_host: bool = False, tile: int = 0) -> str:
+    """A layout's name, as the report names a cell's (lorabench.report.analysis.layout_name)."""
+    return f"ckpt {r:g} offload {o:g}" + (" +inputs to host" if inputs_to_host else "") + \
+        (f" +mlp tile {tile}" if tile else "")
+
+
+def long_layouts(c, mm: memory.MemoryModel) -> list[Layout]:
+    """What saves the most memory on hf and fast: every layer recomputed with its input in host memory
+    (train.offload_checkpoints) and, on fast, the MLP in tiles (backend.tiled_mlp) with the loss in Liger's own
+    chunks (backend.ce_chunk_mem=1: at 131,072 tokens its default 8 holds 8 GiB of logits on a 4,096-wide model)."""
+    from lorabench.core.config import Backend
+
+    base = ("train.gradient_checkpointing=true", "train.checkpoint_fraction=1", "train.offload_fraction=0",
+            "train.offload_checkpoints=true")
+    plan = memory.Plan(1.0, 0.0, True, 0)
+    out = [Layout(layout_label(1, 0, True), base, (1, 1, 0),
+                  mm.per_sample_gib(plan, c.seq_len), plan)]
+    if c.backend.name is Backend.fast:
+        tiled = memory.Plan(1.0, 0.0, True, MLP_TILE)
+        small_chunks = memory.MemoryModel.of(replace(c, backend=replace(c.backend, ce_chunk_mem=1)))
+        out.append(Layout(layout_label(1, 0, True, MLP_TILE),
+                          base + (f"backend.tiled_mlp={MLP_TILE}", "backend.ce_chunk_mem=1"), (1, 1, 1),
+                          small_chunks.per_sample_gib(tiled, c.seq_len), tiled))
+    return out
+
+
+def layouts(c, budget_gib: float | None = None) -> list[Layout]:
+    """The layouts of c's backend, in search order: the most layers kept first, then the fewest recomputed. On hf
+    and fast the long-context layouts (long_layouts) join them where the memory model says the row needs them:
+    where the layout saving the most memory of the others fits no more than the ladder's first batch within the
+    budget (or, the budget unknown yet, from LONG tokens a row)."""
+    from lorabench.core.config import Backend
+
+    mm = memory.MemoryModel.of(c)
+
+    def per_sample(r: float, o: float) -> float:  # r recomputed and o offloaded fractions of layers
+        return mm.per_sample_gib(memory.Plan(r, o), c.seq_len)
+
+    if c.backend.name is Backend.unsloth:
+        ckpt = ("train.gradient_checkpointing=true", "train.checkpoint_fraction=1")
+        offloaded = memory.Plan(1.0, 0.0, True)
+        return [Layout("unsloth checkpointing off", ("train.gradient_checkpointing=false",), (0, 0, 0),
+                       per_sample(0, 0), memory.Plan()),
+                Layout("unsloth checkpointing on", ckpt + ("backend.unsloth_offload=false",), (1, 0, 0),
+                       per_sample(1, 0), memory.Plan(1.0)),
+                Layout("unsloth checkpointing offloaded", ckpt + ("backend.unsloth_offload=true",), (1, 1, 0),
+                       mm.per_sample_gib(offloaded, c.seq_len), offloaded)]
+    out = [Layout(layout_label(r, o), (f"train.gradient_checkpointing={str(r > 0).lower()}",
+                                       f"train.checkpoint_fraction={r:g}", f"train.offload_fraction={o:g}"),
+                  (r, o, 0), per_sample(r, o), memory.Plan(r, o))
+           for r in sorted(set(c.search.checkpoint_fractions)) for o in sorted(set(c.search.offload_fractions))
+           if r + o <= 1 + 1e-9]
+    out = sorted(out, key=lambda L: (sum(L.saves), L.saves[0]))
+    batches = sorted(set(c.search.batches))
+    second = batches[1] if len(batches) > 1 else batches[0]
+    least = min(L.gib_per_sample for L in out)
+    if (mm.fixed_gib + least * second > budget_gib) if budget_gib else c.seq_len >= LONG:
+        out += long_layouts(c, mm)
+    return out
+
+
+def space_for(c, device_gib: float | None = None) -> Space:
+    """c's search space; the budget is the memory of the gpu option (emulated on a larger GPU); under gpu=auto
+    `device_gib`, the device's size read before any cell (the first cell then starts where the estimate fits,
+    not at the largest batch: one OOM cell less, a minute for an Unsloth cell), else unknown (None) until the
+    first cell reports its device's."""
+    auto = c.gpu.name == "auto"
+    budget = device_gib if auto else c.gpu.memory_gib
+    reserve = 2 if c.search.allow_dropout_zero and c.lora.dropout > 0 else 0
+    return Space(layouts(c, budget), sorted(set(c.search.batches)), budget, fixed_gib(c),
+                 max(1, c.search.max_cells - reserve), c.search.plateau, budget_read=auto and budget is not None)
+
+
+# ---------------------------------------------------------------------------- search.json
+
+def override_key(override: str) -> str:
+    """The key an override sets: "+backend.liger=[]" -> "backend.liger"."""
+    return override.split("=")[0].lstrip("+~")
+
+
+def search_keys(config) -> tuple[str, ...]:
+    """The keys the sweep's search sets in each cell: a max-context search sets seq_len too."""
+    from omegaconf import OmegaConf
+
+    target = OmegaConf.select(config, "search.target", default="throughput")
+    return SEARCH_KEYS + (("seq_len",) if getattr(target, "value", target) == "max_context" else ())
+
+
+def outer_cells(cells: list[list[str]], keys: tuple[str, ...] = SEARCH_KEYS) -> list[list[str]]:
+    """The command line's cells less the keys the search sets (one search each, in order, once)."""
+    outer = (tuple(o for o in cell if override_key(o) not in keys) for cell in cells)
+    return [list(c) for c in dict.fromkeys(outer)]
+
+
+def earlier_oom(run_dir: Path, overrides: list[str]) -> Measured | None:
+    """A cell this search ran out of memory in an earlier run of the same command (its dir holds the same
+    overrides and an oom result): read back, not run again, as a cell that ended ok is by the cell itself
+    (lorabench.run.cell), unless train.force=true. A max-context search resumed runs none of its OOM probes
+    again (each one a model load)."""
+    import yaml
+
+    if "train.force=true" in overrides:
+        return None
+    try:
+        r = read_result(run_dir / RESULT_FILE)
+        same = yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text()) == list(overrides)
+    except (OSError, ValueError, TypeError, yaml.YAMLError):
+        return None
+    if r.status.value != "oom" or not same:
+        return None
+    print(f"cell {r.job_num}: out of memory in an earlier run of this search ({run_dir / RESULT_FILE}): "
+          "not run again", file=sys.stderr)
+    m = r.metrics
+    return Measured("oom", None, m.get("mem/peak_reserved_gib"), r.job_num, r.error, m.get("mem/device_total_gib"))
+
+
+# ---------------------------------------------------------------------------- the Hydra sweeper
+
+class BudgetSearch(Sweeper):
+    """hydra.sweeper of +experiment=tune (its Hydra plugin: hydra_plugins.lorabench_search): the outer
+    grid from the command line, a `search` per outer cell, each cell through the configured launcher."""
+
+    def __init__(self, max_batch_size: Optional[int] = None, params: Optional[dict] = None):
+        self.params = dict(params or {})
+        self.job = 0
+        self.returns: list = []
+        self.stop: SystemExit | None = None  # a cell ended the sweep: recorded, then the process exits with its code
+
+    def setup(self, *, hydra_context, task_function, config) -> None:
+        from hydra.core.plugins import Plugins
+
+        self.hydra_context, self.config = hydra_context, config
+        self.launcher = Plugins.instance().instantiate_launcher(hydra_context=hydra_context,
+                                                                task_function=task_function, config=config)
+
+    def sweep(self, arguments: list[str]) -> list:
+        from omegaconf import OmegaConf
+
+        sweep_dir = Path(self.config.hydra.sweep.dir)
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+        cells = expand(arguments, OmegaConf.create(self.params), self.hydra_context.config_loader)
+        keys = search_keys(self.config)
+        if dropped := sorted({override_key(o) for cell in cells for o in cell if override_key(o) in keys}):
+            print(f"search: {', '.join(dropped)} set by the search in every cell; the command line's value is not "
+                  "used (the candidates are search.batches, search.checkpoint_fractions, search.offload_fractions; "
+                  "a max-context search's seq_len: search.min_seq_len to search.max_seq_len)", file=sys.stderr)
+        outer = outer_cells(cells, keys)
+        records: list[SearchRecord] = []
+        for cell in outer:
+            records.append(self.search_one(cell, outer, sweep_dir))
+            write_searches(sweep_dir, records)
+            if self.stop is not None:  # SIGTERM, Ctrl-C or sweep.deadline_s: the same command resumes (see above)
+                self.rewrite_report(sweep_dir)
+                raise self.stop
+        return self.returns
+
+    def rewrite_report(self, sweep_dir: Path) -> None:
+        """The report again, now that search.json holds the search the stop cut short (the cell's stop wrote
+        it before the search had recorded its last cell): the plugin's class (hydra_plugins.lorabench_search,
+        above lorabench.report.page, which reads search.json through this module) does it."""
+
+    def compose(self, overrides: list[str]):
+        from omegaconf import OmegaConf, open_dict
+
+        cfg = self.hydra_context.config_loader.load_sweep_config(master_config=self.config,
+                                                                 sweep_overrides=list(overrides))
+        with open_dict(cfg):
+            del cfg["hydra"]
+        return OmegaConf.to_object(cfg)
+
+    def search_one(self, cell: list[str], outer: list[list[str]], sweep_dir: Path) -> SearchRecord:
+        """One outer cell's search, printing a line per cell ("[backend=fast 5/12] b24 ckpt 0.5 offload
+        0.25: 15,291 tok/s"); with search.target=max_context its longest context (lorabench.sweep.context)."""
+        from lorabench.core.config import SearchTarget
+        from lorabench.core.devices import visible_gpu_gib
+        from lorabench.core.results import cell_name
+
+        c = self.compose(cell)
+        # gpu=auto with cells run in this process's node (Hydra's basic launcher): the device's size up front
+        here = type(self.launcher).__name__ == "BasicLauncher" and c.gpu.name == "auto" \
+            and c.train.device.value != "cpu"
+        device_gib = visible_gpu_gib() if here else None
+        name = cell_name(cell, outer) if len(outer) > 1 else "search"
+        log = lambda s: print(f"[{name}] {s}", file=sys.stderr, flush=True)  # noqa: E731
+        counter = iter(range(1, 10**6))
+
+        def launched(overrides: list[str], what_cell: str) -> Measured:
+            m = self.launch(overrides, sweep_dir)
+            what = f"{m.tok_s:,.0f} tok/s" if m.status == "ok" else m.status
+            what += f" ({m.error[:120]})" if m.error and m.status != "ok" else ""
+            peak = f", peak {m.peak_gib:.1f} GiB" if m.peak_gib is not None else ""
+            print(f"[{name} {next(counter)}/{c.search.max_cells}] {what_cell}: {what}{peak}", file=sys.stderr,
+                  flush=True)
+            return m
+
+        if c.search.target is SearchTarget.max_context:
+            return self.context_one(c, cell, name, device_gib, launched, log)
+        space = space_for(c, device_gib)
+
+        def measure(extra: tuple[str, ...] = ()) -> Measure:
+            return lambda L, b: launched(cell + list(L.overrides) + [f"batch={b}", *extra],
+                                         f"b{b} {L.label}{' '.join(('',) + extra)}")
+
+        log(f"{len(space.layouts)} layouts x {len(space.batches)} batches, at most {space.max_cells} cells, budget "
+            + (f"{space.budget_gib:g} GiB" if space.budget_gib else "the device's memory")
+            + f" (estimated fixed part {space.fixed_gib:.1f} GiB)")
+        out = search(space, measure(), log)
+        zero = []
+        if c.search.allow_dropout_zero and c.lora.dropout > 0 and out.best and not out.cut_short:
+            zero = dropout_zero(space, out.best, measure(("lora.dropout=0",)), c.search.max_cells - space.max_cells,
+                                log)
+        log(f"best: {out.best.name() if out.best else 'none'}: {out.why}")
+        return SearchRecord(name, cell, c.backend.name.value, out.budget_gib, c.seq_len, c.search.max_cells,
+                            out.trials, out.best, out.why, out.stops, zero, out.cut_short)
+
+    def context_one(self, c, cell: list[str], name: str, device_gib: float | None, launched, log) -> SearchRecord:
+        """One outer cell's longest context: seq_len bisected at batch 1 in its backend's most memory-saving
+        layout (lorabench.sweep.context), each probe a cell of the sweep."""
+        from lorabench.sweep.context import context_space, max_context
+
+        space = context_space(c, device_gib)
+        log(f"longest context of {space.layout.label}: seq_len in [{space.min_seq:,}, {space.max_seq:,}] at batch 1, "
+            f"at most {space.max_cells} cells, budget "
+            + (f"{space.budget_gib:g} GiB" if space.budget_gib else "the device's memory")
+            + f" (estimated fixed part {space.fixed_gib:.1f} GiB)")
+        out = max_context(space, lambda L, seq: launched(cell + list(L.overrides) + [f"seq_len={seq}", "batch=1"],
+                                                         f"seq {seq:,} {L.label}"), log)
+        ceil = out.ceiling
+        best = next((t for t in out.trials if ceil.job is not None and t.job == ceil.job), None)
+        why = (f"longest that fits {ceil.longest_ok:,} tokens; " if ceil.longest_ok else "") + ceil.stop + \
+            (f"; cut short: {out.cut_short}" if out.cut_short and out.cut_short != ceil.stop else "")
+        log(f"ceiling: {why}")
+        return SearchRecord(name, cell, c.backend.name.value, out.budget_gib, ceil.longest_ok or 0,
+                            c.search.max_cells, out.trials, best, why, {}, [], out.cut_short, "max_context", ceil)
+
+    def launch(self, overrides: list[str], sweep_dir: Path) -> Measured:
+        """One cell through the launcher; its result read back from its metrics.json."""
+        from omegaconf import OmegaConf
+
+        self.validate_batch_is_legal([overrides])
+        # cells.json names the cells: each one by the overrides that differ between them (results.cell_name)
+        known = read_cells(sweep_dir)  # (a re-run of the same command proposes the same cells: resumed, not repeated)
+        atomic_write_json(sweep_dir / CELLS_FILE, {"cells": known + ([overrides] if overrides not in known else [])})
+        job, self.job = self.job, self.job + 1
+        if (earlier := earlier_oom(sweep_dir / str(job), overrides)) is not None:
+            return earlier
+        last = ""
+        try:
+            ret = self.launcher.launch([overrides], initial_job_idx=job)[0]
+            self.returns.append(ret)
+        except SystemExit as stop:  # the cell ended the sweep (lorabench.run.cell.end_sweep): its result still counts
+            from lorabench.run.preemption import HANDLER
+
+            self.stop, ret = stop, None
+            last = HANDLER.signal_name if HANDLER.requested else "sweep.deadline_s"
+        # the cell's output dir (working_dir is the process's cwd unless hydra.job.chdir)
+        out = OmegaConf.select(ret.hydra_cfg, "hydra.runtime.output_dir") if ret and ret.hydra_cfg is not None else None
+        run_dir = Path(out) if out else sweep_dir / str(job)
+        try:
+            r = read_result(run_dir / RESULT_FILE)
+        except (OSError, ValueError, TypeError) as e:
+            return Measured("failed", job=job, error=f"no result in {run_dir}: {e}", last=last)
+        from lorabench.report.analysis import p50_tokens_per_s
+
+        m = r.metrics
+        tok = m.get("perf/tokens_per_s") if r.ok else None
+        return Measured(r.status.value, tok, m.get("mem/peak_reserved_gib"), job, r.error,
+                        m.get("mem/device_total_gib"), last, p50_tokens_per_s(m) if tok else None)

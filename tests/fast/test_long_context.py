@@ -1,0 +1,66 @@
+"""The memory parts for long rows compute the same model: recomputed layers from inputs held on the host
+(train.offload_checkpoints) and the MLP in tiles of tokens (backend.tiled_mlp), against the same cell without
+them, in float64 on CPU (every difference is round-off: SAME_MATH), LoRA dropout on (the recompute must draw the
+forward's masks again)."""
+
+import pytest
+import torch
+
+from conftest import SAME_MATH, assert_grads_close, lora_grads
+from lorabench.fast import offload, tiled
+
+CPU = torch.device("cpu")
+RECOMPUTED = ["train.gradient_checkpointing=true", "train.checkpoint_fraction=1", "lora.dropout=0.1",
+              "lora.target_modules=[all-linear]"]
+
+
+def test_layers_recomputed_from_host_inputs_train_as_checkpointed_ones(float64, monkeypatch):
+    sent = []
+    real = offload.HostCheckpoints.send
+    monkeypatch.setattr(offload.HostCheckpoints, "send", lambda self, h: sent.append(h.shape) or real(self, h))
+    loss_ref, g_ref, _ = lora_grads(RECOMPUTED, CPU)
+    loss, g, checkpointed = lora_grads([*RECOMPUTED, "train.offload_checkpoints=true"], CPU)
+    assert sent and len(sent) == checkpointed == 2  # each of the tiny model's layers, its input once
+    assert loss == pytest.approx(loss_ref, rel=SAME_MATH)
+    assert_grads_close(g, g_ref, SAME_MATH)
+
+
+@pytest.mark.parametrize("backend", [["backend=hf"], ["backend=fast", "backend.liger=[]"]])
+def test_the_mlp_in_tiles_trains_as_the_whole_mlp(float64, monkeypatch, backend):
+    tiles = []
+    real = tiled._Tiled.forward
+    monkeypatch.setattr(tiled._Tiled, "forward", staticmethod(lambda ctx, f, t, x: tiles.append(x.shape[-2] // t)
+                                                               or real(ctx, f, t, x)))
+    # LoRA dropout 0: a tile draws its masks for its own tokens, other draws than one over the whole row
+    cell = [*RECOMPUTED, *backend, "data.packing=false", "lora.dropout=0"]
+    loss_ref, g_ref, _ = lora_grads(cell, CPU)
+    # (tiled_mlp is a fast part; on hf the cell's model is patched alike by the test, as fast would)
+    loss, g, _ = lora_grads([*cell, "backend.tiled_mlp=8"], CPU) if "backend=fast" in backend else \
+        _hf_tiled(cell, monkeypatch)
+    assert tiles and all(n >= 2 for n in tiles)  # rows of the batch's longest sample (~40 tokens) in tiles of 8
+    assert loss == pytest.approx(loss_ref, rel=SAME_MATH)
+    assert_grads_close(g, g_ref, SAME_MATH)
+
+
+def _hf_tiled(cell, monkeypatch):
+    from lorabench.run import backends
+
+    real = backends.apply_checkpointing
+
+    def tiled_then_checkpointed(model, train, device):
+        tiled.patch_mlps(backends.decoder_layers(model), 8)
+        return real(model, train, device)
+
+    monkeypatch.setattr(backends, "apply_checkpointing", tiled_then_checkpointed)
+    return lora_grads(cell, CPU)
+
+
+def test_offload_checkpoints_needs_a_recomputed_layer_and_one_process():
+    from omegaconf import OmegaConf
+
+    from conftest import compose_cfg
+
+    for extra, message in ((["train.gradient_checkpointing=false"], "no layer is recomputed"),
+                           (["train.gradient_checkpointing=true", "train.nproc=2"], "runs one process")):
+        with pytest.raises(ValueError, match=message):
+            OmegaConf.to_object(compose_cfg(["train.offload_checkpoints=true", *extra]))

@@ -1,0 +1,96 @@
+"""lorabench.run.preemption's handler and the one status wrapper (lorabench.run.cell.record), at unit level:
+what a signal does in and out of a training step, and that an exception gives the same status in a
+cell and in a DDP rank. The subprocess tests (a real SIGINT or SIGTERM) are in test_reliability.py."""
+
+import os
+import signal
+
+import pytest
+from conftest import FAST, compose_cfg
+from omegaconf import OmegaConf
+
+from lorabench.core.results import CellResult, Status, read_result
+from lorabench.run import cell
+from lorabench.run.preemption import Preemption, StepAborted, Stopped
+
+
+class FakeGuard:
+    def __init__(self):
+        self.stopped = None
+
+    def stop(self, exc):
+        self.stopped = exc
+
+
+def test_a_signal_in_a_step_asks_for_a_checkpoint_and_a_second_ctrl_c_stops_at_once():
+    p, guard = Preemption(), FakeGuard()
+    with p.cell():
+        with p.training(guard, grace_s=600):
+            p._on_signal(signal.SIGINT, None)  # the first: the step may end
+            assert p.requested and p.signal_name == "SIGINT" and p.should_stop()
+            p._on_signal(signal.SIGTERM, None)  # another SIGTERM changes nothing
+            with pytest.raises(Stopped, match="SIGINT again: stopped at once"):
+                p._on_signal(signal.SIGINT, None)
+        assert guard.stopped is None  # the timer was cancelled when the step ended
+
+
+def test_a_step_that_outlives_the_grace_period_is_stopped_through_the_guard():
+    p, guard = Preemption(), FakeGuard()
+    with p.cell(), p.training(guard, grace_s=0):
+        p._on_signal(signal.SIGTERM, None)
+        p._timer.join(5)
+        assert isinstance(guard.stopped, StepAborted)
+        raise guard.stopped  # as the guard raises it in the main thread
+    assert p.aborted
+    assert "had not ended 0 s after the signal" in p.stopped_message(3, None, "checkpoints")
+
+
+def test_a_signal_outside_the_step_stops_the_cell_and_between_cells_only_the_sweep():
+    p = Preemption()
+    with p.cell(keep=True):
+        with pytest.raises(Stopped, match="SIGTERM before training began"):
+            p._on_signal(signal.SIGTERM, None)  # during the model load, say
+    p._on_signal(signal.SIGINT, None)  # between two cells: nothing raised, the flag stays
+    assert p.requested and p.signal_name == "SIGTERM"
+    p._restore()
+
+
+def test_the_handlers_are_installed_for_a_cell_and_put_back_after_a_single_run():
+    p, before = Preemption(), signal.getsignal(signal.SIGINT)
+    with p.cell():
+        assert signal.getsignal(signal.SIGINT) == p._on_signal == signal.getsignal(signal.SIGTERM)
+        p.signal_name = "SIGTERM"
+    assert signal.getsignal(signal.SIGINT) is before and not p.requested  # forgotten after a single run
+
+
+@pytest.mark.parametrize("exc,status", [
+    (MemoryError(), Status.oom),
+    (MemoryError("host memory: over the limit"), Status.oom),
+    (RuntimeError("[enforce fail at alloc_cpu.cpp:118] DefaultCPUAllocator: can't allocate memory: you tried"),
+     Status.oom),
+    (Stopped("SIGINT before training began"), Status.interrupted),
+    (KeyboardInterrupt(), Status.interrupted),
+    (ValueError("bad"), Status.failed),
+], ids=["memoryerror", "host-limit", "cpu-allocator", "stopped", "keyboardinterrupt", "valueerror"])
+def test_one_exception_gives_one_status_in_a_cell_and_in_a_rank(tmp_path, monkeypatch, exc, status):
+    """cell.record for a cell, and lorabench.run.worker (a DDP rank, which calls it) for the same exception."""
+    def boom(*args, **kwargs):
+        raise exc
+
+    result = CellResult(status=Status.running, cell="c")
+    cell.record(result, tmp_path / "error.txt", boom)
+    assert result.status is status, result.error
+
+    import lorabench.run.loop
+    from lorabench.core.results import CONFIG_FILE
+    from lorabench.run.worker import worker
+
+    c = OmegaConf.to_object(compose_cfg(FAST))
+    (tmp_path / CONFIG_FILE).write_text(OmegaConf.to_yaml(OmegaConf.structured(c)))
+    monkeypatch.setattr(lorabench.run.loop, "measure", boom)
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(SystemExit):
+        worker(tmp_path)
+    rank = read_result(tmp_path / "rank0.json")
+    assert rank.status is status, rank.error
+    assert os.path.exists(tmp_path / "error.rank0.txt") == (status is Status.failed)

@@ -1,0 +1,82 @@
+"""lorabench.sweep.memory: the memory model the searches start from, part by part, up to 131,072 tokens a row."""
+
+import pytest
+from conftest import compose_cfg
+from omegaconf import OmegaConf
+
+from lorabench.sweep.memory import GIB, UNSLOTH_LOSS_CAP, MemoryModel, Plan, plan_of
+
+LONG = 131_072
+LLAMA = ["model=llama-3.1-8b", "precision=nf4", "data=synthetic"]  # hidden 4,096, MLP 14,336, 32 layers, 128,256 words
+
+
+def model(*overrides) -> MemoryModel:
+    return MemoryModel.of(OmegaConf.to_object(compose_cfg([*LLAMA, *overrides])))
+
+
+def test_attention_adds_no_seq_by_seq_term_on_full_rows_and_hf_s_mask_is_the_one_quadratic_term():
+    """Flash / memory-efficient attention keeps its output and one float per query: every part on fixed-length rows
+    doubles with the row; hf on real (padded or packed) rows adds transformers' [seq x seq] bool mask, 16 GiB a row
+    at 131,072 tokens, and four times as much at twice the row."""
+    for backend in ("hf", "fast", "unsloth"):
+        m, plan = model(f"backend={backend}"), Plan(1.0, 0.0, True)
+        short, long = m.breakdown(plan, LONG // 2), m.breakdown(plan, LONG)
+        assert long.mask == 0 and long.kept + long.inputs + long.working == \
+            pytest.approx(2 * (short.kept + short.inputs + short.working))
+    padded = model("backend=hf", "data=tiny_instruct", "model.tokenizer=null")
+    assert padded.tokens.mask and padded.breakdown(Plan(1.0), LONG).mask == 16.0
+    assert padded.breakdown(Plan(1.0), LONG).mask == 4 * padded.breakdown(Plan(1.0), LONG // 2).mask
+
+
+def test_the_loss_s_logits_per_backend():
+    """hf: fp32 logits, log-softmax and both gradients, 4 x 128,256 x 4 bytes a token (251 GiB at 131,072 tokens);
+    fast: one Liger chunk, ce_chunk_mem x hidden bf16 values a token (8 x 4,096 x 2 by default, 1 x in the
+    long-context layouts); Unsloth: fp32 chunks held to 4 GiB."""
+    hf, fast = model("backend=hf"), model("backend=fast")
+    assert hf.tokens.logits == 4 * 128_256 * 4
+    assert hf.breakdown(Plan(1.0), LONG).logits == pytest.approx(LONG * 4 * 128_256 * 4 / GIB)
+    assert fast.tokens.logits == 8 * 4096 * 2 and model("backend=fast", "backend.ce_chunk_mem=1").tokens.logits == 4096 * 2
+    unsloth = model("backend=unsloth").breakdown(Plan(1.0, 0.0, True), LONG)
+    assert unsloth.logits == UNSLOTH_LOSS_CAP / GIB
+    assert model("backend=unsloth").breakdown(Plan(1.0, 0.0, True), 512).logits < 1  # below the cap: a token's share
+
+
+def test_offloaded_checkpoints_leave_nothing_on_the_gpu_and_a_tiled_mlp_holds_one_tile():
+    """Every layer recomputed: 32 inputs of 4,096 fp32 values a token on hf (64 GiB at 131,072 tokens); with
+    train.offload_checkpoints they move to host memory, the GPU keeping ~0 bytes a token of them. The layer in its
+    backward holds its activations and their gradients; with backend.tiled_mlp=4096 its two [tokens x 14,336] MLP
+    tensors only for 4,096 tokens."""
+    c = OmegaConf.to_object(compose_cfg([*LLAMA, "backend=hf", "train.gradient_checkpointing=true",
+                                         "train.offload_checkpoints=true"]))
+    assert plan_of(c) == Plan(1.0, 0.0, True, 0)
+    m = MemoryModel.of(c)
+    kept, offloaded = m.breakdown(Plan(1.0), LONG), m.breakdown(plan_of(c), LONG)
+    assert kept.inputs == 32 * 4096 * 4 * LONG / GIB == 64.0 and kept.host == 0
+    assert offloaded.inputs == 0 and offloaded.host == 64.0 and offloaded.device == pytest.approx(kept.device - 64)
+    fast = model("backend=fast", "backend.tiled_mlp=4096")
+    mlp = 2 * 14336 * 2  # gate and up, bf16, a token
+    assert fast.tokens.mlp == mlp
+    tiled, whole = fast.breakdown(Plan(1.0, 0.0, True, 4096), LONG), fast.breakdown(Plan(1.0, 0.0, True), LONG)
+    assert tiled.working == pytest.approx(2 * ((fast.tokens.kept - mlp) * LONG + mlp * 4096) / GIB)
+    assert whole.working - tiled.working == pytest.approx(2 * mlp * (LONG - 4096) / GIB)  # 13.7 GiB saved
+
+
+def test_all_linear_lora_counts_the_adapters_of_all_seven_projections():
+    """lora=all_linear on Llama-3.1-8B at r16: r x (in + out) on q, k, v, o, gate, up and down in each of 32 layers,
+    41.9M parameters, each with its weight, gradient and AdamW's two states (4 + 4 + 8 bytes); q/k/v/o alone: 13.6M.
+    With PEFT's dropout (hf) each adapted projection also keeps its dropped-out input and mask (3 bytes per input
+    feature a token): six hidden-wide inputs and the down projection's 14,336."""
+    per_layer = 16 * ((4096 + 4096) + 2 * (4096 + 1024) + (4096 + 4096) + 2 * (4096 + 14336) + (14336 + 4096))
+    assert model("lora=all_linear").lora_gib == pytest.approx(32 * per_layer * 16 / GIB)
+    assert model("lora=r16").lora_gib == pytest.approx(32 * 16 * (2 * 8192 + 2 * 5120) * 16 / GIB)
+    extra = model("backend=hf", "lora=all_linear").tokens.kept - model("backend=hf", "lora=r16").tokens.kept
+    assert extra == (6 * 4096 + 14336 - 4 * 4096) * 3
+    assert model("backend=hf", "lora=all_linear", "lora.dropout=0").tokens.kept == model("backend=fast").tokens.kept
+
+
+def test_unsloth_s_offloaded_checkpointing_is_its_plan():
+    c = OmegaConf.to_object(compose_cfg([*LLAMA, "backend=unsloth", "train.gradient_checkpointing=true"]))
+    assert plan_of(c) == Plan(1.0, 0.0, True, 0)
+    c = OmegaConf.to_object(compose_cfg([*LLAMA, "backend=unsloth", "train.gradient_checkpointing=true",
+                                         "backend.unsloth_offload=false"]))
+    assert plan_of(c) == Plan(1.0, 0.0, False, 0)
