@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The checkpoints users bring now and the recipes they run, measured on one GPU, one list of steps in order over
+# consecutive calls:
+#   bash docs/runs/scripts/2026-12-06_one_gpu.sh <commit> <call> <first step>      (call: c1, c2, ...)
+# carrying .whl/ (device-wheels.sh) and .whl_unsloth/ (unsloth, unsloth_zoo, trl, xformers, fla-core; Unsloth's
+# studio/ folder left out of its wheel). Every ratio is between cells of this GPU in one list. A step that
+# finished in an earlier call on the same machine is passed over; <first step> skips those a fresh machine would
+# repeat. What each step wrote is packed after it ($OUT/<call>_gpu0.tgz), so a call cut short returns what finished.
+#   1  the GPU tests: the 2026 families (fast against hf in bf16), then every other GPU test
+#   2  Qwen3.5-9B (hybrid linear attention) at seq 1024 within 22 GiB: fast's, hf's, Unsloth's searches
+#   3  LoRA on every linear layer (r16) of Mistral-7B at seq 1024 within 22 GiB: fast's, Unsloth's, hf's searches
+#   4  the longest row each backend trains at batch 1 within 22 GiB (Llama-3.1-8B): fast, Unsloth
+#   5  gpt-oss-20b, its experts adapted, and Gemma-4-31B on the whole GPU (gpt-oss's experts stay bf16 under nf4:
+#      ~40 GB): fast's and hf's searches
+set -u
+LIMIT_S=${LIMIT_S:-540}; source "$(dirname "$0")/device_setup.sh" "$@"  # wheels, environment, t0
+source "$(dirname "$0")/gpu_lists.sh" "$@"  # /tmp/runs, the clocks, left, sweep, pack_gpu
+first=${3:-1}
+tune="-m +experiment=tune train.max_steps=12 train.untimed_steps=4 seq_len=1024"; search="$tune gpu=a10"
+small="search.max_cells=4 search.batches=[2,4,8,16]"
+step1() {
+  [ -f $R/gpu_tests.txt ] && return 0
+  timeout 150 python3 -m pytest -q -m gpu tests/fast/test_fast_arch.py -k 2026_families > $R/gpu_tests.txt 2>&1
+  timeout $(( $(left) > 400 ? 170 : 60 )) python3 -m pytest -q -m gpu tests -k "not 2026_families" \
+    >> $R/gpu_tests.txt 2>&1
+  grep -E "passed|failed" $R/gpu_tests.txt; pack_gpu 0
+}
+step2() {
+  for b in fast hf unsloth; do
+    sweep 0 qwen3.5-9b_$b $search model=qwen3.5-9b data=synthetic $small backend=$b || return
+  done
+}
+step3() {
+  for b in fast unsloth hf; do
+    sweep 0 mistral-7b_all_linear_$b $search lora=all_linear $small backend=$b || return
+  done
+}
+step4() {
+  for b in fast unsloth; do
+    sweep 0 llama-3.1-8b_max_context_$b -m +experiment=max_context gpu=a10 model=llama-3.1-8b search.max_cells=6 \
+      backend=$b || return
+  done
+}
+step5() {
+  for b in fast hf; do
+    sweep 0 gpt-oss-20b_$b $tune gpu=auto model=gpt-oss-20b data=synthetic lora.experts=true lora.dropout=0 \
+      search.max_cells=3 search.batches=[2,4,8] backend=$b || return
+  done
+  for b in fast hf; do
+    sweep 0 gemma-4-31b_$b $tune gpu=auto model=gemma-4-31b data=synthetic search.max_cells=3 search.batches=[1,2,4] \
+      backend=$b || return
+  done
+}
+for s in 1 2 3 4 5; do [ $s -ge $first ] && { step$s || break; }; done
+echo "call $2: exit after $((SECONDS - t0)) s" | tee -a $R/log.txt; pack_gpu 0
