@@ -1,6 +1,6 @@
 # make demo   set up .venv and run the default cell (tiny Mistral on CPU)
 # make test   set up .venv and run the test suite (CPU; GPU tests skip without CUDA), the slow
-#             end-to-end runs left out (under 180 s of pytest on 2 cores)
+#             end-to-end runs left out (under 150 s of pytest on 2 cores)
 # make test-slow  the slow end-to-end runs alone (multi-process sweeps, preemption, two nodes)
 # make test-all   both: CI runs make test-slow, then make test
 # make test-browser   the report page in headless Chromium (CI runs it after make test)
