@@ -486,6 +486,9 @@ def test_fast_path_computes_the_2026_families_models_on_gpu(model_type):
     """The families without a Liger patch: the parts that compute them (their adapted projections through the
     fused Function, the gated MLP's where it is Llama's, the loss in chunks by Liger's fused linear cross-entropy)
     in bf16, against hf in float64, as above."""
+    if FAMILIES[model_type].linear_attention and importlib.util.find_spec("fla") is not None:
+        pytest.skip("flash-linear-attention replaces transformers' PyTorch linear attention at import, and its "
+                    "Triton kernels have no float64: no exact reference; uninstall it to run this test")
     compare_gpu(model_type, torch.device("cuda", 0), "[]")
 
 

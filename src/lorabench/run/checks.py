@@ -348,6 +348,27 @@ def check_device(c: Config, device) -> None:
                            "on CPU use optimizer=adamw_torch, adamw_torch_fused or adafactor.")
     if device.type == "cpu":
         check_host_memory(c)
+    check_linear_attention_kernels(c, device)
+
+
+def check_linear_attention_kernels(c: Config, device) -> None:
+    """flash-linear-attention (fla), once importable, replaces transformers' PyTorch path for Qwen3.5's linear
+    attention; its releases refuse Hopper GPUs (sm_90) under Triton < 3.7.1, where its gated backward gives wrong
+    values, and raise only at the first backward, after the model is built: said here, before."""
+    if device.type != "cuda" or not architecture_of(c.model).linear_attention:
+        return
+    import importlib.metadata
+    import importlib.util
+
+    import torch
+    if importlib.util.find_spec("fla") is None or torch.cuda.get_device_capability(device)[0] != 9:
+        return
+    triton = importlib.metadata.version("triton")
+    if tuple(int(p) for p in triton.split(".")[:3] if p.isdigit()) < (3, 7, 1):
+        raise RuntimeError(f"model={c.model.name}: flash-linear-attention (fla) is installed and refuses this Hopper "
+                           f"GPU under Triton {triton} (< 3.7.1: wrong gated gradients); uninstall "
+                           "flash-linear-attention / fla-core (transformers then runs its PyTorch path) or upgrade "
+                           "Triton")
 
 
 def host_memory_need(c: Config) -> dict[str, float]:
