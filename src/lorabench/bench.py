@@ -39,7 +39,7 @@ from lorabench.models import Architecture
 from lorabench.report.page import write_projection, write_report
 from lorabench.run import cell
 from lorabench.run.checks import bench_problems, check_model_path, check_precision
-from lorabench.sweep.callbacks import END_SWEEP
+from lorabench.sweep.callbacks import END_SWEEP, one_row
 
 log = logging.getLogger(__name__)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch.float32, "fp32": torch.float32}
@@ -364,4 +364,5 @@ def run_suite(cfg: DictConfig, ctx: RunContext) -> int:
         rows, ok = consistency(c)
         print_consistency(rows)
         return 0 if ok else 1
-    return cell.run(cfg, ctx, MEASURED[c.suite], job_type=f"bench-{c.suite.value}", end_sweep=END_SWEEP).exit_code
+    return cell.run(cfg, ctx, MEASURED[c.suite], job_type=f"bench-{c.suite.value}", end_sweep=END_SWEEP,
+                    row=one_row).exit_code

@@ -17,14 +17,14 @@ from lorabench.core.results import CellResult, CellSkipped, RunContext, Status, 
 from lorabench.fast import parts
 from lorabench.measure.loggers import MetricLogger
 from lorabench.run import backends, cell, checks
-from lorabench.sweep.callbacks import END_SWEEP
+from lorabench.sweep.callbacks import END_SWEEP, one_row
 
 log = logging.getLogger(__name__)
 
 
 def run_cell(cfg: DictConfig, ctx: RunContext) -> CellResult:
     """One training cell; its result is written to metrics.json whatever happens (see cell.run)."""
-    return cell.run(cfg, ctx, train_and_measure, end_sweep=END_SWEEP)
+    return cell.run(cfg, ctx, train_and_measure, end_sweep=END_SWEEP, row=one_row)
 
 
 def train_and_measure(c: Config, ctx: RunContext, result: CellResult, logger: MetricLogger) -> dict:

@@ -5,8 +5,8 @@ forward's masks again)."""
 
 import pytest
 import torch
-
 from conftest import SAME_MATH, assert_grads_close, lora_grads
+
 from lorabench.fast import offload, tiled
 
 CPU = torch.device("cpu")
@@ -56,9 +56,8 @@ def _hf_tiled(cell, monkeypatch):
 
 
 def test_offload_checkpoints_needs_a_recomputed_layer_and_one_process():
-    from omegaconf import OmegaConf
-
     from conftest import compose_cfg
+    from omegaconf import OmegaConf
 
     for extra, message in ((["train.gradient_checkpointing=false"], "no layer is recomputed"),
                            (["train.gradient_checkpointing=true", "train.nproc=2"], "runs one process")):

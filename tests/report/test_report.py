@@ -115,7 +115,7 @@ def no_secret_reaches_any_file(d, proc):
 
 def test_workspace_payload_compares_the_sweep(tmp_path):
     pytest.importorskip("wandb_workspaces")
-    from lorabench.measure.loggers import table
+    from lorabench.measure.tracking import table
     from lorabench.measure.wandb_run import build_workspace
 
     view = build_workspace("me", "lorabench", "2026-11-22_10-00-00", ["batch", "seq_len"])._to_model()

@@ -6,7 +6,7 @@ again from here once search.json holds every search."""
 import sys
 from pathlib import Path
 
-from lorabench.sweep.search import BudgetSearch as _BudgetSearch
+from lorabench.sweep.sweeper import BudgetSearch as _BudgetSearch
 
 
 class BudgetSearch(_BudgetSearch):

@@ -101,6 +101,10 @@ def _non_negative(name: str, value: Optional[float]) -> None:
         raise ValueError(f"{name} must be >= 0, got {value!r}")
 
 
+# Written last into the folder a GGUF file converts into (lorabench.models.gguf): its presence says the folder is whole.
+GGUF_DONE = "lorabench-gguf.txt"
+
+
 @dataclass
 class ModelConfig:
     # Recorded in results. With `path` set it becomes the checkpoint's name (the folder's, or the hub id).
@@ -145,11 +149,7 @@ class ModelConfig:
     def converted_gguf(self) -> bool:
         """Whether model.path is the folder model.gguf converts into (the cell's own doing): the name stays the
         option's."""
-        if not (self.gguf and self.path):
-            return False
-        from lorabench.models.gguf import converted_dir  # (lorabench.models imports this module)
-
-        return Path(self.path) == converted_dir(self.gguf)
+        return bool(self.gguf and self.path and (Path(self.path) / GGUF_DONE).is_file())
 
     def __post_init__(self) -> None:
         for k in ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",

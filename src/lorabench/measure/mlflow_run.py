@@ -20,7 +20,7 @@ from pathlib import Path
 
 from lorabench.core.config import MlflowConfig
 from lorabench.core.results import CellResult, Status, atomic_write_json, flatten
-from lorabench.measure.loggers import (
+from lorabench.measure.tracking import (
     RunInfo,
     numbers,
     quiet,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from lorabench.core.config import TensorBoardConfig
 from lorabench.core.results import CellResult, flatten
-from lorabench.measure.loggers import HEADLINE, RunInfo, numbers, read_steps, status_line, train_keys, trainer_logs
+from lorabench.measure.tracking import HEADLINE, RunInfo, numbers, read_steps, status_line, train_keys, trainer_logs
 
 DIR = "tensorboard"
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from lorabench.core.config import WandbConfig, WandbMode
 from lorabench.core.results import CellResult, Status
-from lorabench.measure.loggers import JOB_TYPE, RunInfo, numbers, shared_config, table, train_keys, trainer_logs
+from lorabench.measure.tracking import JOB_TYPE, RunInfo, numbers, shared_config, table, train_keys, trainer_logs
 
 
 def settings():

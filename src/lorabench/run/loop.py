@@ -23,9 +23,9 @@ from lorabench.core.config import QUANTISED, Backend, Config, GpuConfig, Precisi
 from lorabench.core.devices import setup_device
 from lorabench.core.results import CellInterrupted, CellResult, atomic_write_text
 from lorabench.fast import parts
+from lorabench.measure import quality
 from lorabench.measure.loggers import MetricLogger
 from lorabench.measure.meter import MatmulProbe, NvmlSampler, StepMeter
-from lorabench.measure import quality
 from lorabench.measure.metrics import hourly_price, memory_stats, summarize
 from lorabench.measure.profile import StepProfiler
 from lorabench.measure.quality import EVAL_FILE, EvalLog, read_evals

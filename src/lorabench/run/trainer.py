@@ -16,9 +16,9 @@ from transformers import Trainer
 from lorabench.builders.data import IGNORE, REAL_TOKENS
 from lorabench.core.devices import sync
 from lorabench.fast import flat_optim
-from lorabench.measure.loggers import step_values
 from lorabench.measure.meter import StepMeter
 from lorabench.measure.quality import EvalLog
+from lorabench.measure.tracking import step_values
 from lorabench.run import sharding
 
 log = logging.getLogger(__name__)

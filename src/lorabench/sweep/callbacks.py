@@ -41,6 +41,7 @@ from lorabench.core.results import (
     CELLS_FILE,
     EXIT_CODES,
     MEASURED,
+    CellResult,
     RunContext,
     Status,
     atomic_write_json,
@@ -254,7 +255,7 @@ class Preflight(Callback):
             print(f"preflight: {sweep_dir} held runs of another sweep: moved aside to {moved} (sweep.overwrite=true)",
                   file=sys.stderr)
             bad, stale = [replace(b, bound=None) for b in bad if b.problems], []
-        # (a search's cells are written as it launches them: lorabench.sweep.search.BudgetSearch.launch)
+        # (a search's cells are written as it launches them: lorabench.sweep.sweeper.BudgetSearch.launch)
         atomic_write_json(sweep_dir / CELLS_FILE, {"cells": [] if search else cells})
         report_error = check_report(config, len(cells))
         stop = report_and_decide(bad, stale, report_error, len(cells),
@@ -422,3 +423,11 @@ def tally(sweep_dir: Path) -> tuple[str, int]:
         code = EXIT_CODES[Status.interrupted] if worst and all(s is Status.interrupted for s in worst) \
             and not lost else EXIT_CODES[Status.failed]
     return line, code
+
+
+def one_row(result: CellResult) -> str:
+    """The cell's one-row table, as the report writes it (the report's code and pandas are imported only here, after
+    the cell: a cell whose values fail its checks ends in the few seconds its imports take)."""
+    from lorabench.report.analysis import summary_text
+
+    return summary_text([result])

@@ -3,7 +3,7 @@ by the memory model.
 
     python train.py +experiment=max_context backend=fast,unsloth,hf gpu=a10 model=llama-3.1-8b
 
-A mode of +experiment=tune's sweeper (search.target=max_context, lorabench.sweep.search.BudgetSearch): the same
+A mode of +experiment=tune's sweeper (search.target=max_context, lorabench.sweep.sweeper.BudgetSearch): the same
 outer grid, launcher, cell dirs, search.json and resume. Per outer cell (a backend) one layout, the one that saves
 the most memory: hf and fast every layer recomputed with its input in host memory (train.offload_checkpoints),
 fast also its MLP in tiles (backend.tiled_mlp) and its loss in Liger's own chunks; Unsloth its tiled MLP and
