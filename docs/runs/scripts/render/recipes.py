@@ -1,0 +1,65 @@
+"""The recipes users run and the checkpoints they bring now: LoRA on every linear layer of Mistral-7B and
+Qwen3.5-9B (hybrid linear attention) within 22 GiB, each backend's best of a small search, on one H100; and the GPU
+tests of the 2026 families (fast and hf in bf16 against hf in float64)."""
+import re
+
+from .runs import RUNS, bests, command, commit, gpu, link, md_table, ratio, software, tok
+
+RECIPES = "2026-12-06_h100_recipes"  # one +experiment=tune sweep per backend and recipe, one GPU, in turn
+ROWS = (("Mistral-7B, LoRA r16 on every linear layer", "mistral-7b_all_linear"),
+        ("Qwen3.5-9B, LoRA r16 on q/k/v/o", "qwen3.5-9b"))
+BACKENDS = ("fast", "unsloth", "hf")
+
+
+def recipe_rows() -> list[list]:
+    rows = []
+    for what, prefix in ROWS:
+        b = {k: bests(f"{RECIPES}/{prefix}_{k}").get(k) for k in BACKENDS if (RUNS / RECIPES / f"{prefix}_{k}").is_dir()}
+        assert not any(x.cut_short for x in b.values() if x), f"{prefix}: a search cut short"
+        f = b["fast"]
+        cells = []
+        for k in BACKENDS:
+            x = b.get(k)
+            cells += [x.layout, f"{tok(x.cell):,.0f}", f"{x.cell.metrics['mem/peak_reserved_gib']:.1f}"] if x else \
+                ["not measured", "-", "-"]
+        over = [ratio(tok(f.cell) / tok(b[k].cell)) if b.get(k) else "-" for k in ("unsloth", "hf")]
+        rows.append([what, *cells, f"{f.cell.metrics['perf/mfu_pct']:.1f}", *over])
+    return rows
+
+
+def family_tests() -> str:
+    """The 2026 families' GPU test, from pytest's own summary: which failed, and the assertion each failed on."""
+    text = (RUNS / RECIPES / "gpu_tests.txt").read_text()
+    summary = re.findall(r"^(\d+ failed, )?(\d+) passed", text, re.M)[-1]
+    failed = re.findall(r"^FAILED \S+\[(\w+)\]", text, re.M)
+    why = re.findall(r"^E\s+AssertionError: \('([^']+)', ([\d.e-]+), ([\d.e-]+)\)", text, re.M)
+    line = f"{summary[1]} of {int(summary[1]) + len(failed)} families passed"
+    for family, (what, err_fast, err_hf) in zip(failed, why):
+        line += (f"; {family} failed on one gradient, {what.split('layers.')[-1]}: fast {float(err_fast):.1%} from "
+                 f"float64, hf {float(err_hf):.1%}, the bound 2 x hf + 2^-8 = "
+                 f"{2 * float(err_hf) + 2 ** -8:.1%}")
+    return line
+
+
+def recipes() -> str:
+    one = bests(f"{RECIPES}/mistral-7b_all_linear_fast")["fast"].cell
+    head = ["recipe", "fast's best", "tok/s", "GiB", "Unsloth's best", "tok/s", "GiB", "hf's best", "tok/s", "GiB",
+            "fast MFU %", "fast over Unsloth", "fast over hf"]
+    sweeps = [f"{RECIPES}/{p}_{k}" for _, p in ROWS for k in BACKENDS if (RUNS / RECIPES / f"{p}_{k}").is_dir()]
+    return "\n\n".join([
+        "## Every linear layer, and Qwen3.5's hybrid attention",
+        "nf4 QLoRA, LoRA r16 (alpha 32), paged_adamw_8bit, fixed-length rows of 1,024 tokens, within 22 GiB "
+        f"(`gpu=a10`) of one {gpu(one)}; each backend searched over at most 4 cells (batches 2, 4, 8, 16 and the "
+        "layouts above), the backends one after the other on the same GPU. Mistral-7B's adapters are on q/k/v/o and "
+        "the MLP's gate/up/down (QLoRA's recipe, dropout 0.05); Qwen3.5-9B's on q/k/v/o of its 8 full-attention "
+        "layers, synthetic rows. Its 24 Gated DeltaNet layers ran transformers' PyTorch path in both backends: "
+        "flash-linear-attention 0.6.0 refuses Hopper GPUs under Triton 3.6 (torch 2.11's), and lorabench says so "
+        "before it builds the model. Unsloth on Qwen3.5 was not measured. Small searches: read the ratios as "
+        "measured here, not as each backend's ceiling.",
+        md_table(head, recipe_rows()),
+        "```bash\n" + "\n".join(command(s) for s in sweeps) + "\n```",
+        "The GPU test of the families added for 2026 (`pytest -m gpu tests/fast/test_fast_arch.py -k 2026_families`: "
+        "each family's tiny model, fast and hf in bf16 against hf in float64, logits, loss and every LoRA gradient): "
+        + family_tests() + ".",
+        f"Run dir: {link(RECIPES)} (commit {commit(one)}; {software(one)}); how it ran: "
+        + link(f"{RECIPES}/README.md") + "."])
