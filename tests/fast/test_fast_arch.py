@@ -17,7 +17,7 @@ import importlib.util
 
 import pytest
 import torch
-from conftest import REPO, compose_cfg, requires_cuda, run_in_process, tiny_config
+from conftest import REPO, TINY_SHAPE, compose_cfg, requires_cuda, run_in_process, tiny_config
 from omegaconf import OmegaConf
 
 from lorabench.builders import modeling
@@ -319,6 +319,41 @@ def test_fast_path_computes_the_architecture_s_model_on_cpu(same_masks, monkeypa
         adapted = [m for layer in layers for m in layer.modules() if hasattr(m, "lorabench_proj")]
         assert adapted and all(m.forward.__func__ is fused._linear_forward for m in adapted)
         assert len(calls) >= len(adapted)
+
+
+def test_fast_path_computes_a_family_without_a_row_on_cpu(same_masks, tmp_path):  # noqa: F811
+    """GPT-NeoX has no row in lorabench.models.families: backend.fit_parts turns off each part that needs one (by
+    name, in the cell's record), and what stays on (its fused query_key_value and its other linear layers through
+    fused_linear) computes hf's model: float64, dropout 0.1, logits, loss and LoRA gradients within 1e-10."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from lorabench.fast import fused
+
+    shape = {k: v for k, v in TINY_SHAPE.items() if k not in ("num_key_value_heads", "vocab_size")}
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(AutoConfig.for_model("gpt_neox", **shape, vocab_size=VOCAB)).save_pretrained(
+        tmp_path / "neox")
+    base = AutoModelForCausalLM.from_pretrained(tmp_path / "neox", dtype=torch.float64, attn_implementation="eager")
+    common = [f"model.path={tmp_path / 'neox'}", "lora.target_modules=[all-linear]", "lora.dropout=0.1",
+              "train.gradient_checkpointing=true", "train.checkpoint_fraction=0.5"]
+    c_fast, off = parts.fit(cfg(*common, "backend=fast", "backend.liger=[]"))
+    assert {"backend.varlen_attention=false", "backend.chunked_loss=false"} <= set(off), off
+    assert c_fast.backend.fused_linear
+    parts.check_parts(c_fast, base.config, torch.device("cpu"))  # nothing left on that lacks a feature
+    ids = torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(3))
+    batch = {"input_ids": ids, "labels": ids}
+    torch.manual_seed(4)
+    logits_hf, loss_hf, g_hf = logits_and_grads(copy.deepcopy(base), cfg(*common), torch.device("cpu"), batch)
+    with parts.around_cell(c_fast, base.config):
+        torch.manual_seed(4)
+        logits_fast, loss_fast, g_fast = logits_and_grads(base, c_fast, torch.device("cpu"), batch)
+    adapted = [m for m in base.modules() if hasattr(m, "lorabench_proj")]
+    assert adapted and all(m.forward.__func__ is fused._linear_forward for m in adapted)
+    assert_close(logits_fast, logits_hf, 1e-10, "logits")
+    assert loss_fast == pytest.approx(loss_hf, rel=1e-10)
+    assert g_fast.keys() == g_hf.keys() and g_hf
+    for n in g_hf:
+        assert_close(g_fast[n], g_hf[n], 1e-10, n)
 
 
 def test_flex_attention_computes_gemma2_s_soft_capped_attention_on_cpu(monkeypatch):
