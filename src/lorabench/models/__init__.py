@@ -39,4 +39,5 @@ def hf_config(m: ModelConfig):
 
 
 def architecture_of(m: ModelConfig) -> Architecture:
-    return Architecture.from_hf_config(hf_config(m))
+    cfg = hf_config(m)  # model.path's config.json, else the option's values
+    return Architecture.from_hf_config(cfg)
