@@ -237,10 +237,12 @@ def test_bench_report_of_a_file_says_it_is_a_file(tmp_path):
     assert proc.returncode != 0 and "is a file" in proc.stderr and "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("triton_version, refused", [("3.6.0", True), ("3.7.1", False)])
-def test_fla_on_hopper_under_an_old_triton_is_refused_before_the_model(monkeypatch, triton_version, refused):
-    """flash-linear-attention raises only at the first backward of a Hopper GPU under Triton < 3.7.1, after the
-    model is built: the device check says so for a model with linear attention, and lets a newer Triton run."""
+@pytest.mark.parametrize("triton_version, tilelang, refused", [("3.6.0", False, True), ("3.7.1", False, False),
+                                                               ("3.3.1", False, False), ("3.6.0", True, False)])
+def test_fla_on_hopper_under_an_old_triton_is_refused_before_the_model(monkeypatch, triton_version, tilelang, refused):
+    """flash-linear-attention raises only at the first backward of a Hopper GPU under Triton 3.4.0 to 3.7.0, after
+    the model is built, unless TileLang takes its kernel: the device check says so for a model with linear
+    attention, and lets another Triton, or TileLang, run."""
     import importlib.metadata
     import importlib.util
 
@@ -250,7 +252,9 @@ def test_fla_on_hopper_under_an_old_triton_is_refused_before_the_model(monkeypat
     real_version = importlib.metadata.version
     monkeypatch.setattr(importlib.metadata, "version", lambda n: triton_version if n == "triton" else real_version(n))
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: object() if n == "fla" else real_find_spec(n, *a))
+    present = {"fla", "tilelang"} if tilelang else {"fla"}
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda n, *a: object() if n in present else None if n == "tilelang" else real_find_spec(n, *a))
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     cuda = torch.device("cuda", 0)
     qwen35 = OmegaConf.to_object(compose_cfg(["model=qwen3.5-9b", "precision=bf16"]))

@@ -353,22 +353,24 @@ def check_device(c: Config, device) -> None:
 
 def check_linear_attention_kernels(c: Config, device) -> None:
     """flash-linear-attention (fla), once importable, replaces transformers' PyTorch path for Qwen3.5's linear
-    attention; its releases refuse Hopper GPUs (sm_90) under Triton < 3.7.1, where its gated backward gives wrong
-    values, and raise only at the first backward, after the model is built: said here, before."""
+    attention. On a Hopper GPU (sm_90) under Triton 3.4.0 to 3.7.0 its gated backward gives wrong values, so fla
+    (0.6.0) refuses it unless TileLang takes that kernel, and only at the first backward, after the model is built:
+    said here, before."""
     if device.type != "cuda" or not architecture_of(c.model).linear_attention:
         return
     import importlib.metadata
     import importlib.util
 
     import torch
-    if importlib.util.find_spec("fla") is None or torch.cuda.get_device_capability(device)[0] != 9:
+    if (importlib.util.find_spec("fla") is None or importlib.util.find_spec("tilelang") is not None
+            or torch.cuda.get_device_capability(device)[0] != 9):
         return
     triton = importlib.metadata.version("triton")
-    if tuple(int(p) for p in triton.split(".")[:3] if p.isdigit()) < (3, 7, 1):
+    if (3, 4, 0) <= tuple(int(p) for p in triton.split(".")[:3] if p.isdigit()) < (3, 7, 1):
         raise RuntimeError(f"model={c.model.name}: flash-linear-attention (fla) is installed and refuses this Hopper "
-                           f"GPU under Triton {triton} (< 3.7.1: wrong gated gradients); uninstall "
-                           "flash-linear-attention / fla-core (transformers then runs its PyTorch path) or upgrade "
-                           "Triton")
+                           f"GPU under Triton {triton} (3.4.0 to 3.7.0: wrong gated gradients); uninstall "
+                           "flash-linear-attention / fla-core (transformers then runs its PyTorch path), install "
+                           "tilelang, or upgrade Triton")
 
 
 def host_memory_need(c: Config) -> dict[str, float]:
