@@ -248,6 +248,7 @@ def test_fla_on_hopper_under_an_old_triton_is_refused_before_the_model(monkeypat
 
     import torch
 
+    from lorabench.models import architecture_of
     from lorabench.run import checks
     real_version = importlib.metadata.version
     monkeypatch.setattr(importlib.metadata, "version", lambda n: triton_version if n == "triton" else real_version(n))
@@ -260,7 +261,8 @@ def test_fla_on_hopper_under_an_old_triton_is_refused_before_the_model(monkeypat
     qwen35 = OmegaConf.to_object(compose_cfg(["model=qwen3.5-9b", "precision=bf16"]))
     if refused:
         with pytest.raises(RuntimeError, match=r"model=qwen3.5-9b: flash-linear-attention .* Triton 3.6.0"):
-            checks.check_linear_attention_kernels(qwen35, cuda)
+            checks.check_model_on(qwen35, cuda, architecture_of(qwen35.model))
     else:
-        checks.check_linear_attention_kernels(qwen35, cuda)
-    checks.check_linear_attention_kernels(OmegaConf.to_object(compose_cfg(["precision=bf16"])), cuda)  # Mistral
+        checks.check_model_on(qwen35, cuda, architecture_of(qwen35.model))
+    mistral = OmegaConf.to_object(compose_cfg(["precision=bf16"]))
+    checks.check_model_on(mistral, cuda, architecture_of(mistral.model))

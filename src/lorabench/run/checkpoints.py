@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 import zipfile
 from pathlib import Path
@@ -187,3 +188,12 @@ def _code(code: dict | None) -> str:
     code = code or {}
     sha = code.get("git")
     return f"lorabench {code.get('lorabench')}" + (f" at {sha[:10]}" if sha else "")
+
+
+def find(ckpt_dir: Path, fp: dict, resume: bool) -> Path | None:
+    """The checkpoint to resume from: in a cell's one process it is chosen here, unusable ones set aside and its
+    fingerprint checked (prepare); each rank of a multi-process cell takes the one its launcher chose
+    (lorabench.run.distributed)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return newest_complete(ckpt_dir) if resume else None
+    return prepare(ckpt_dir, fp, resume)

@@ -346,17 +346,23 @@ def check_device(c: Config, device) -> None:
     if device.type != "cuda" and c.optimizer.name in BNB_OPTIMIZERS:
         raise RuntimeError(f"optimizer={c.optimizer.name.value} is a bitsandbytes CUDA optimizer; "
                            "on CPU use optimizer=adamw_torch, adamw_torch_fused or adafactor.")
+    check_model_on(c, device, architecture_of(c.model))
+
+
+def check_model_on(c: Config, device, arch: Architecture) -> None:
+    """What the model (`arch`, the checkpoint's with model.path) needs of this device: the host memory a CPU cell
+    holds; kernels that compute its layers right."""
     if device.type == "cpu":
-        check_host_memory(c)
-    check_linear_attention_kernels(c, device)
+        check_host_memory(c, arch)
+    check_linear_attention_kernels(c, device, arch)
 
 
-def check_linear_attention_kernels(c: Config, device) -> None:
+def check_linear_attention_kernels(c: Config, device, arch: Architecture) -> None:
     """flash-linear-attention (fla), once importable, replaces transformers' PyTorch path for Qwen3.5's linear
     attention. On a Hopper GPU (sm_90) under Triton 3.4.0 to 3.7.0 its gated backward gives wrong values, so fla
     (0.6.0) refuses it unless TileLang takes that kernel, and only at the first backward, after the model is built:
     said here, before."""
-    if device.type != "cuda" or not architecture_of(c.model).linear_attention:
+    if device.type != "cuda" or not arch.linear_attention:
         return
     import importlib.metadata
     import importlib.util
@@ -373,14 +379,13 @@ def check_linear_attention_kernels(c: Config, device) -> None:
                            "tilelang, or upgrade Triton")
 
 
-def host_memory_need(c: Config) -> dict[str, float]:
+def host_memory_need(c: Config, a: Architecture) -> dict[str, float]:
     """A lower bound of what a CPU cell holds in host memory at once, in bytes: the weights, the
     adapters' gradients and AdamW states, the logits and their gradient (fp32 in the loss), and each
     layer's activations kept for the backward pass (Architecture.activation_width per token; only
     the layer inputs under checkpointing), all from the model's real shape (model.path's config.json). What the
     kernels add on top (attention scores, temporaries) is left out, so a cell under this bound can
     still run out: the watchdog (lorabench.run.guard) catches that one."""
-    a = architecture_of(c.model)
     h, layers, tokens = a.hidden, a.layers, c.batch * c.seq_len
     width = 2 if c.precision.name is Precision.bf16 else 4
     params = a.total_params()  # every weight, embeddings included (once when tied to the head)
@@ -395,13 +400,13 @@ def _linear_targets(a: Architecture, requested) -> tuple:
     return a.lora_targets if targets == ("all-linear",) else targets
 
 
-def check_host_memory(c: Config) -> None:
+def check_host_memory(c: Config, arch: Architecture) -> None:
     """Refuse (status oom) a CPU cell whose lower-bound need exceeds the memory the host has available."""
     import psutil
 
     from lorabench.run.guard import GIB, HostMemoryExceeded
 
-    need = host_memory_need(c)
+    need = host_memory_need(c, arch)
     total, available = sum(need.values()), psutil.virtual_memory().available
     limit = c.train.host_memory_limit_gib  # on the process's whole resident memory, what it holds now included
     room = min(available, limit * GIB - psutil.Process().memory_info().rss) if limit is not None else available

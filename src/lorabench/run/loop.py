@@ -84,9 +84,10 @@ def _measure(c: Config, run_dir: Path, result: CellResult, logger: MetricLogger,
     tokenizer, dataset, data_stats = build_data(c)  # before the model: bad input fails in seconds, not after a 7B load
     held_out, eval_stats = data.build_eval_dataset(c, tokenizer) if c.quality.on else (None, {})
     ckpt_dir = run_dir / "checkpoints"
-    fingerprint = checkpoints.fingerprint(config, data.identity(c))  # what a checkpoint of this run is bound to
+    identity = data.identity(c)  # what the rows are made of
+    fingerprint = checkpoints.fingerprint(config, identity)  # what a checkpoint of this run is bound to
     # Before the model too: a checkpoint of other data or code is refused in seconds.
-    last = find_checkpoint(c, ckpt_dir, fingerprint)
+    last = checkpoints.find(ckpt_dir, fingerprint, c.train.resume)
     model, params = build_model(c, device, result)
     result.model.update(unsloth)
     steps_file = run_dir / ("steps.jsonl" if rank == 0 else f"steps.rank{rank}.jsonl")
@@ -169,15 +170,6 @@ def family_note(arch: modeling.Architecture) -> str:
         log.info("%s", note)
         return note
     return "formula" if arch.census is None else "measured"
-
-
-def find_checkpoint(c: Config, ckpt_dir: Path, fingerprint: dict) -> Path | None:
-    """The checkpoint to resume from (lorabench.run.checkpoints): in a cell's one process it is chosen here,
-    unusable ones set aside and its fingerprint checked; each rank of a multi-process cell takes the one its
-    launcher chose (lorabench.run.distributed)."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        return checkpoints.newest_complete(ckpt_dir) if c.train.resume else None
-    return checkpoints.prepare(ckpt_dir, fingerprint, c.train.resume)
 
 
 def resume_state(last: Path | None, steps_file: Path, result: CellResult) -> Resume:
