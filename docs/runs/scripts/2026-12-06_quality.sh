@@ -6,6 +6,8 @@
 #   bash docs/runs/scripts/2026-12-06_quality.sh <commit> c1  # carrying .whl/ and .gguf_a/ (60 MiB with the tree)
 #   bash docs/runs/scripts/2026-12-06_quality.sh <commit> c2  # carrying .gguf_b/ and .gpudata/ (62 MiB): the file whole
 #                                                             # (its sha256 checked), then the sweep
+#   BACKENDS=unsloth bash docs/runs/scripts/2026-12-06_quality.sh <commit> c3   # a later call on the same machine,
+#       carrying .whl_unsloth/: the same rows and seeds, its own sweep (time_to_loss_unsloth), its target from hf's
 # The rows: the 4,000 training and 128 held-out conversations that data=sharegpt takes for this experiment
 # (data.max_samples=4000, data.seed=0, quality.holdout's split), written out as JSONL (.gpudata/), so that
 # data=jsonl trains and evaluates on exactly them.
@@ -36,14 +38,18 @@ LIMIT_S=${LIMIT_S:-540}; source "$(dirname "$0")/device_setup.sh" "$@"  # wheels
 mkdir -p /tmp/gguf; G=/tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf
 [ -f .gguf_a/part ] && cp .gguf_a/part /tmp/gguf/a
 if [ "$2" = c1 ]; then echo "c1: wheels installed, the first half kept"; exit 0; fi
-[ -f /tmp/gguf/a ] || { echo "the first half is not on this machine: run c1 first, on the same machine"; exit 3; }
-cat /tmp/gguf/a .gguf_b/part > $G
-[ "$(sha256sum $G | cut -d' ' -f1)" = "$(cat .gguf_b/sha256)" ] || { echo "the GGUF file is not whole"; exit 3; }
-python3 -c "import lzma, shutil; shutil.copyfileobj(lzma.open('.gpudata/sharegpt_time_to_loss.jsonl.xz'),
+if [ -f .gguf_b/part ]; then
+  [ -f /tmp/gguf/a ] || { echo "the first half is not on this machine: run c1 first, on the same machine"; exit 3; }
+  cat /tmp/gguf/a .gguf_b/part > $G; sha256sum $G | cut -d' ' -f1 > /tmp/gguf/sha256
+fi
+[ -f $G ] || { echo "the GGUF file is not on this machine: run c1 and c2 first, on the same machine"; exit 3; }
+[ "$(sha256sum $G | cut -d' ' -f1)" = "$(cat .gguf_b/sha256 2>/dev/null || cat /tmp/gguf/sha256)" ] || { echo "the GGUF file is not whole"; exit 3; }
+[ -f .gpudata/sharegpt_time_to_loss.jsonl.xz ] && python3 -c "import lzma, shutil; shutil.copyfileobj(lzma.open('.gpudata/sharegpt_time_to_loss.jsonl.xz'),
   open('/tmp/sharegpt_time_to_loss.jsonl', 'wb'))"
+B=${BACKENDS:-hf,fast}; name=time_to_loss; [ "$B" = hf,fast ] || name=time_to_loss_${B//,/_}
 R=/tmp/runs; mkdir -p $R
-timeout -s INT $((LIMIT_S - (SECONDS - t0))) python3 train.py +experiment=time_to_loss backend=hf,fast \
+timeout -s INT $((LIMIT_S - (SECONDS - t0))) python3 train.py +experiment=time_to_loss backend=$B \
   model.gguf=$G data=jsonl data.path=/tmp/sharegpt_time_to_loss.jsonl data.max_samples=null \
-  sweep.deadline_s=$((LIMIT_S - (SECONDS - t0) - 20)) hydra.sweep.dir=$R/time_to_loss > $R/log.txt 2>&1
-echo "exit $? after $((SECONDS - t0)) s" | tee -a $R/log.txt
+  sweep.deadline_s=$((LIMIT_S - (SECONDS - t0) - 20)) hydra.sweep.dir=$R/$name > $R/log_$name.txt 2>&1
+echo "exit $? after $((SECONDS - t0)) s" | tee -a $R/log_$name.txt
 (cd $R && find . -type f ! -name '*.safetensors' ! -name '*.pt' ! -path '*checkpoint-*' | tar czf $OUT/$2.tgz -T -)
