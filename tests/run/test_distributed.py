@@ -191,3 +191,18 @@ def test_an_unsloth_rank_imports_unsloth_before_what_it_patches(tmp_path):
     env = {**os.environ, "RANK": "0", "PYTHONPATH": os.pathsep.join([str(fake.parent), *sys.path])}
     subprocess.run([sys.executable, "-m", "lorabench.run.worker", str(run_dir)], env=env, capture_output=True, timeout=120)
     assert mark.read_text() == ""  # nothing Unsloth patches was imported before it
+
+
+def test_the_cell_records_the_config_its_rank_ran():
+    """A rank's record holds only what it changed of the config as it ran (Unsloth's packed rows unpacked where
+    it has no varlen kernel, a part turned off): the cell's result keeps everything else and takes those."""
+    from lorabench.core.results import CellResult, Status
+    from lorabench.run.distributed import adopt
+
+    result = CellResult(Status.running, "cell", config={"backend": {"name": "unsloth", "liger": []},
+                                                        "data": {"kind": "jsonl", "packing": True}})
+    rank0 = CellResult(Status.ok, "rank 0", config={"data": {"packing": False}}, model={"unsloth_packing": False},
+                       device="cuda:0", resumed_from_step=4)
+    adopt(result, rank0)
+    assert result.config == {"backend": {"name": "unsloth", "liger": []}, "data": {"kind": "jsonl", "packing": False}}
+    assert result.model == {"unsloth_packing": False} and result.device == "cuda:0" and result.resumed_from_step == 4

@@ -127,14 +127,23 @@ def launch(c: Config, run_dir: Path, result: CellResult) -> dict:
         # search under gpu=auto learns from its first cell, an Unsloth one too)
         result.metrics.update(memory(ranks))
         raise explain(bad, world, run_dir, ranks_log, proc.returncode)
-    result.model, result.device, result.gpu = ranks[0].model, ranks[0].device, ranks[0].gpu
-    result.resumed_from_step = ranks[0].resumed_from_step  # (every rank resumes from the same checkpoint)
+    adopt(result, ranks[0])
     result.dist = {"nproc": n, "nnodes": nodes, "parallel": c.train.parallel.value if world > 1 else "none",
                    "devices": [x.device for x in ranks]}
     g = ranks[0].gpu  # the spec rank 0 priced its device with (devices.setup_device)
     spec = GpuConfig(name=g["name"], price_per_hour=g["price_per_hour"], spot_price_per_hour=g["spot_price_per_hour"],
                      peak_bf16_tflops=g["peak_bf16_tflops"], pricing=Pricing(g["pricing"]))
     return aggregate(ranks, spec)
+
+
+def adopt(result: CellResult, rank0: CellResult) -> None:
+    """The cell's record takes rank 0's: its model, device, GPU spec, the step it resumed from (every rank resumes
+    from the same checkpoint), and what it changed in the config as it ran (a part the architecture lacks turned
+    off, packed rows unpacked where Unsloth has no varlen kernel): the config recorded is the one that ran."""
+    result.model, result.device, result.gpu = rank0.model, rank0.device, rank0.gpu
+    result.resumed_from_step = rank0.resumed_from_step
+    for section, changed in rank0.config.items():
+        result.config.setdefault(section, {}).update(changed)
 
 
 NO_RESULT = "ended without a result"

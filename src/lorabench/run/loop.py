@@ -11,7 +11,7 @@ import logging
 import os
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
@@ -62,10 +62,10 @@ def measure(c: Config, run_dir: Path, result: CellResult, logger: MetricLogger, 
     """Data, model and timed training in this process (one DDP rank when launched by torchrun)."""
     asked, asked_config = c.backend, c
     c, off = parts.fit(c)  # backend.fit_parts: the parts the architecture lacks a feature for, off
-    if off:  # the recorded config is the one that ran
-        for key in result.config.get("backend", {}):
-            if getattr(c.backend, key, None) != getattr(asked, key, None):
-                result.config["backend"][key] = getattr(c.backend, key)
+    if off:  # the recorded config is the one that ran (a worker's holds only what changed: its launcher merges it)
+        for f in fields(c.backend):
+            if getattr(c.backend, f.name) != getattr(asked, f.name):
+                result.config.setdefault("backend", {})[f.name] = getattr(c.backend, f.name)
     config = checkpoints.config_of(asked_config)
     try:
         with backends.module_patches(c):  # what a backend patches in transformers is undone after the cell
@@ -80,7 +80,7 @@ def _measure(c: Config, run_dir: Path, result: CellResult, logger: MetricLogger,
     device, gpu = prepare_device(c, result)
     c, unsloth = backends.unsloth_rows(c)  # Unsloth packs only where it has a varlen kernel
     if "unsloth_packing_off" in unsloth:
-        result.config["data"]["packing"] = False  # the rows that ran
+        result.config.setdefault("data", {})["packing"] = False  # the rows that ran
     tokenizer, dataset, data_stats = build_data(c)  # before the model: bad input fails in seconds, not after a 7B load
     held_out, eval_stats = data.build_eval_dataset(c, tokenizer) if c.quality.on else (None, {})
     ckpt_dir = run_dir / "checkpoints"

