@@ -5,6 +5,7 @@ On CPU the Liger ops that Triton's interpreter can run (RoPE) take part; the GPU
 """
 
 import importlib.util
+import json
 
 import pytest
 import torch
@@ -355,3 +356,24 @@ def test_backend_sweep_report_compares_speed_and_loss_curves(tmp_path, float64):
     # below its 5e-5 of rounding, so it reads 0.0000 (a wrong formula: differences of 0.01 and more).
     assert diff and int(diff.group(1)) == 6 and float(diff.group(2)) == 0
     assert (tmp_path / "plots" / "loss.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("built", [None, "2.10.0+cu128"])
+def test_unsloth_without_a_varlen_kernel_says_what_to_install(monkeypatch, tmp_path, built):
+    """No varlen kernel: the recorded reason names what is missing, and where xformers is installed but was
+    compiled against another torch (PyPI's wheels are built for one), that torch and this one."""
+    fake_unsloth(monkeypatch, False, False)
+    if built is not None:  # an xformers package whose build record names the torch it was compiled against
+        (tmp_path / "xformers").mkdir()
+        (tmp_path / "xformers" / "__init__.py").write_text("")
+        (tmp_path / "xformers" / "cpp_lib.json").write_text(json.dumps({"version": {"torch": built}}))
+        monkeypatch.syspath_prepend(str(tmp_path))
+    else:
+        monkeypatch.setattr(backends.importlib.util, "find_spec", lambda name, *a: None)
+    c = OmegaConf.to_object(compose_cfg(["backend=unsloth", "data.packing=true", "seq_len=64"]))
+    _, note = backends.unsloth_rows(c)
+    why = note["unsloth_packing_off"]
+    if built is None:
+        assert "install xformers built for this torch, or flash-attn" in why
+    else:
+        assert f"built for torch {built} and this is torch {torch.__version__}" in why

@@ -150,6 +150,22 @@ def unsloth_varlen_kernel() -> str:
     return "xformers" if HAS_XFORMERS else "none"
 
 
+def missing_varlen_kernel() -> str:
+    """Why Unsloth found no varlen kernel, in words a user acts on. xformers' C++ kernels load only under the
+    torch they were compiled against (its cpp_lib.json names it; PyPI's 0.0.35 wheel: torch 2.10.0), and
+    Unsloth then turns it off with one printed line; flash-attn ships no wheel on PyPI, only its source."""
+    spec = importlib.util.find_spec("xformers")
+    if spec is None or not spec.submodule_search_locations:
+        return "install xformers built for this torch, or flash-attn"
+    try:
+        built = json.loads((Path(next(iter(spec.submodule_search_locations))) / "cpp_lib.json").read_text())
+        built = built["version"]["torch"]
+    except (OSError, ValueError, KeyError, TypeError):
+        built = "a torch it does not name"
+    return (f"xformers is installed, but its kernels were built for torch {built} and this is torch "
+            f"{torch.__version__}: install the xformers built for this torch, or flash-attn")
+
+
 def unsloth_rows(c: Config) -> tuple[Config, dict]:
     """backend=unsloth: which varlen kernel Unsloth has here, for the cell's record (metrics.json: model.
     unsloth_varlen_kernel, model.unsloth_packing), and the rows it trains on: packed rows go through Unsloth's own
@@ -163,9 +179,8 @@ def unsloth_rows(c: Config) -> tuple[Config, dict]:
     kernel = unsloth_varlen_kernel()
     note = {"unsloth_varlen_kernel": kernel, "unsloth_packing": packs(c) and kernel != "none"}
     if packs(c) and kernel == "none":
-        why = ("Unsloth has no varlen attention kernel here (pip install xformers, whose wheels for torch >= 2.10 "
-               "are on PyPI, or flash-attn): its rows are padded, not packed, and its ratios are labelled "
-               "'Unsloth without its varlen kernel'")
+        why = (f"Unsloth has no varlen attention kernel here ({missing_varlen_kernel()}): its rows are padded, not "
+               "packed, and its ratios are labelled 'Unsloth without its varlen kernel'")
         log.info("backend=unsloth: %s", why)
         note["unsloth_packing_off"] = why
         c = replace(c, data=replace(c.data, packing=False))
