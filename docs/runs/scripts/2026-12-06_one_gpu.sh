@@ -13,6 +13,7 @@
 #   4  the longest row each backend trains at batch 1 within 22 GiB (Llama-3.1-8B): fast, Unsloth
 #   5  gpt-oss-20b, its experts adapted, and Gemma-4-31B on the whole GPU (gpt-oss's experts stay bf16 under nf4:
 #      ~40 GB): fast's and hf's searches
+#   6  which fast part moves Qwen3.5's LoRA gradients furthest from exact (gate_grad_parts.py: each part off in turn)
 set -u
 LIMIT_S=${LIMIT_S:-540}; source "$(dirname "$0")/device_setup.sh" "$@"  # wheels, environment, t0
 source "$(dirname "$0")/gpu_lists.sh" "$@"  # /tmp/runs, the clocks, left, sweep, pack_gpu
@@ -49,6 +50,12 @@ step5() {
     sweep 0 gemma-4-31b_$b $tune gpu=auto model=gemma-4-31b data=synthetic search.max_cells=3 search.batches=[1,2,4] \
       backend=$b || return
   done
+}
+step6() {
+  [ -f $R/gate_grad_parts.txt ] && return 0
+  timeout 120 python3 docs/runs/scripts/gate_grad_parts.py qwen3_5_text $R/gate_grad_parts.json \
+    2>&1 | grep -v "^\[transformers\]" > $R/gate_grad_parts.txt; cat $R/gate_grad_parts.txt
+  echo gate_grad_parts.txt >> $R/.names_0; echo gate_grad_parts.json >> $R/.names_0; pack_gpu 0
 }
 for s in $steps; do step$s || break; done
 echo "call $2: exit after $((SECONDS - t0)) s" | tee -a $R/log.txt; pack_gpu 0

@@ -47,9 +47,10 @@ fi
 [ -f .gpudata/sharegpt_time_to_loss.jsonl.xz ] && python3 -c "import lzma, shutil; shutil.copyfileobj(lzma.open('.gpudata/sharegpt_time_to_loss.jsonl.xz'),
   open('/tmp/sharegpt_time_to_loss.jsonl', 'wb'))"
 B=${BACKENDS:-hf,fast}; name=time_to_loss; [ "$B" = hf,fast ] || name=time_to_loss_${B//,/_}
+name=${NAME:-$name}  # NAME=..., EXTRA="train.seed=2,3,4 batch=4,8": more cells of the same recipe, a sweep of their own
 R=/tmp/runs; mkdir -p $R
 timeout -s INT $((LIMIT_S - (SECONDS - t0))) python3 train.py +experiment=time_to_loss backend=$B \
-  model.gguf=$G data=jsonl data.path=/tmp/sharegpt_time_to_loss.jsonl data.max_samples=null \
+  model.gguf=$G data=jsonl data.path=/tmp/sharegpt_time_to_loss.jsonl data.max_samples=null ${EXTRA:-} \
   sweep.deadline_s=$((LIMIT_S - (SECONDS - t0) - 20)) hydra.sweep.dir=$R/$name > $R/log_$name.txt 2>&1
 echo "exit $? after $((SECONDS - t0)) s" | tee -a $R/log_$name.txt
 (cd $R && find . -type f ! -name '*.safetensors' ! -name '*.pt' ! -path '*checkpoint-*' | tar czf $OUT/$2.tgz -T -)
