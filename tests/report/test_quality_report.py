@@ -62,6 +62,26 @@ def test_repeats_give_the_median_the_spread_and_mlperfs_score(tmp_path):
     assert "MLPerf score" in md and "| backend=fast | 5 | 5/5 |" in md
 
 
+def test_each_backend_is_held_to_the_others_at_its_fastest_configuration(tmp_path):
+    """hf and fast at batch 4 and 8, 3 seeds each: hf's fastest to the target is batch 8 (0.8 s a step against
+    1.0), fast's batch 4 (0.5 against 0.6); the table sets fast's best against hf's best, not against the same batch."""
+    num = 0
+    for backend, batch, step_s in (("hf", 4, 1.0), ("hf", 8, 0.8), ("fast", 4, 0.5), ("fast", 8, 0.6)):
+        for s in range(3):
+            quality_cell(tmp_path, num, backend, s, [2.0, 1.7, 1.4], step_s=step_s + 0.01 * s, target=1.5,
+                         batch=batch)
+            num += 1
+    results = write_report(tmp_path, ReportConfig(project=False)).results
+    groups = rq.repeat_groups(rq.to_target(results), axes(results))
+    best = rq.backend_bests(groups)
+    assert best["hf"].name == "backend=hf,batch=8" and best["fast"].name == "backend=fast,batch=4"
+    fast_s, hf_s = 30 * 0.51 + 3 * 2.0, 30 * 0.81 + 3 * 2.0  # the median seed: 30 steps, 3 evaluations of 2 s
+    assert best["fast"].median_s == pytest.approx(fast_s) and best["hf"].median_s == pytest.approx(hf_s)
+    md = (tmp_path / "results.md").read_text()
+    assert f"| fast | backend=fast,batch=4 | 2 | 3 | {fast_s:,.1f} |" in md
+    assert f"| {fast_s / hf_s:.2f}x |" in md and "| hf | backend=hf,batch=8 | 2 | 3 |" in md
+
+
 def test_faster_per_token_but_slower_to_the_target_is_said_so(tmp_path):
     """fast runs twice hf's tokens/s but its loss falls slower: it reaches the target two evaluations later, at
     twice the steps, which costs it more than its speed saved."""
