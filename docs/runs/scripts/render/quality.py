@@ -2,7 +2,7 @@
 +experiment=time_to_loss, five seeds per backend on one GPU; each backend's time and $ to the same target, and its
 eval loss against hf's after the same tokens (lorabench.report.quality, the report's own tables)."""
 from lorabench.core.results import load_results
-from lorabench.report.quality import parities, repeat_groups, repeats_table, to_target
+from lorabench.report.quality import backend_bests, parities, repeat_groups, repeats_table, to_target
 
 from .runs import RUNS, command, commit, gpu, link, software
 
@@ -39,7 +39,7 @@ def quality() -> str:
     tt = to_target(cells())
     targeted = [c for c in tt if c.target is not None]
     groups = repeat_groups(targeted, AXES)
-    by = {g.cells[0].cell.config["backend"]["name"]: g for g in groups}
+    by = backend_bests(groups)  # each backend at its fastest configuration to the target
     one = tt[0].cell
     hf, fast = by["hf"], by.get("fast")
     lines = ["## Time to a target loss, real weights",
