@@ -127,6 +127,18 @@ def test_parity_holds_a_backend_to_hfs_spread_and_the_rounding(tmp_path):
     assert not off.matches and "DIFFERS from hf" in off.sentence()
 
 
+def test_parity_holds_each_batch_to_hfs_cells_at_that_batch(tmp_path):
+    """hf at batch 8 learns less per token than at batch 4 (1.50 against 1.40 after 30,000 tokens): fast at batch 8
+    matching hf's batch 8 matches, though it is 0.1 off hf's batch-4 cells."""
+    for s in range(3):
+        quality_cell(tmp_path, s, "hf", s, [2.0, 1.6, 1.40 + 0.01 * s], step_s=1.0, batch=4)
+        quality_cell(tmp_path, 3 + s, "hf", s, [2.0, 1.7, 1.50 + 0.01 * s], step_s=1.0, batch=8)
+    quality_cell(tmp_path, 6, "fast", 0, [2.0, 1.7, 1.51], step_s=0.5, batch=8)
+    results = load_results(tmp_path)[0]
+    (p,) = rq.parities(rq.to_target(results), axes(results))
+    assert p.hf_loss == 1.51 and p.n == 3 and p.matches and "at batch 8" in p.reference
+
+
 def test_without_repeats_parity_is_the_rounding_alone_and_says_so(tmp_path):
     p = parity_sweep(tmp_path, [2.0, 1.6, 1.40 * (1 + 2**-8)], hf_seeds=1, precision="bf16")
     assert p.sigma is None and p.tolerance == p.rounding == 2 * 2**-7 * 1.40 and p.matches

@@ -48,9 +48,15 @@ fi
   open('/tmp/sharegpt_time_to_loss.jsonl', 'wb'))"
 B=${BACKENDS:-hf,fast}; name=time_to_loss; [ "$B" = hf,fast ] || name=time_to_loss_${B//,/_}
 name=${NAME:-$name}  # NAME=..., EXTRA="train.seed=2,3,4 batch=4,8": more cells of the same recipe, a sweep of their own
-R=/tmp/runs; mkdir -p $R
-timeout -s INT $((LIMIT_S - (SECONDS - t0))) python3 train.py +experiment=time_to_loss backend=$B \
-  model.gguf=$G data=jsonl data.path=/tmp/sharegpt_time_to_loss.jsonl data.max_samples=null ${EXTRA:-} \
-  sweep.deadline_s=$((LIMIT_S - (SECONDS - t0) - 20)) hydra.sweep.dir=$R/$name > $R/log_$name.txt 2>&1
-echo "exit $? after $((SECONDS - t0)) s" | tee -a $R/log_$name.txt
+# SWEEPS: one sweep per line, "<suffix> <overrides>", each named <name>_<suffix> (a batch search that keeps one
+# token budget: batch=8 train.max_steps=150 quality.eval_every=10 trains and evaluates the tokens batch 4 does)
+R=/tmp/runs; mkdir -p $R; todo=$(printf '%s\n' "${SWEEPS:- }" | wc -l)  # each sweep a fair share of what is left
+while read -r suffix args; do
+  n=$name${suffix:+_$suffix}; left=$((LIMIT_S - (SECONDS - t0))); share=$(((left - 20) / todo)); todo=$((todo - 1))
+  [ $share -gt 40 ] || { echo "$n: not started, $left s left" | tee -a $R/log_$name.txt; continue; }
+  timeout -s INT $left python3 train.py +experiment=time_to_loss backend=$B \
+    model.gguf=$G data=jsonl data.path=/tmp/sharegpt_time_to_loss.jsonl data.max_samples=null ${EXTRA:-} $args \
+    sweep.deadline_s=$share hydra.sweep.dir=$R/$n > $R/log_$n.txt 2>&1
+  echo "$n: exit $? after $((SECONDS - t0)) s" | tee -a $R/log_$n.txt
+done <<< "${SWEEPS:- }"
 (cd $R && find . -type f ! -name '*.safetensors' ! -name '*.pt' ! -path '*checkpoint-*' | tar czf $OUT/$2.tgz -T -)

@@ -300,8 +300,9 @@ def parity(ref: list[tuple[CellResult, list[Eval]]], cand: list[tuple[CellResult
 
 def parities(tt: list[ToTarget], axes_: list[str]) -> list[Parity]:
     """Each non-hf configuration against hf's cells of the same comparison group (same model, data, held-out tokens,
-    precision...; backend layouts, batch, packing and seeds may differ), at the tokens set by quality.reference_tokens
-    or else the fewest every compared cell trained on."""
+    precision...; backend layouts, batch, packing and seeds may differ), those at its own batch where hf ran that
+    batch (a larger batch at one learning rate learns less per token: the same batch isolates the backend), at the
+    tokens set by quality.reference_tokens or else the fewest every compared cell trained on."""
     if "backend" not in axes_:
         return []
     groups: dict[tuple, list[ToTarget]] = defaultdict(list)
@@ -314,8 +315,11 @@ def parities(tt: list[ToTarget], axes_: list[str]) -> list[Parity]:
             continue
         for g in repeat_groups([c for c in cells if c.cell.config["backend"]["name"] != "hf"], axes_):
             tokens = quality_of(g.cells[0].cell).get("reference_tokens")
-            p = parity(hf, [(c.cell, c.evals) for c in g.cells], g.name,
-                       f"median of {len(hf)} hf cell{'s' * (len(hf) > 1)}", tokens)
+            batch = g.cells[0].cell.config.get("batch")
+            ref = [x for x in hf if x[0].config.get("batch") == batch] or hf  # like with like where hf ran it
+            p = parity(ref, [(c.cell, c.evals) for c in g.cells], g.name,
+                       f"median of {len(ref)} hf cell{'s' * (len(ref) > 1)}"
+                       + (f" at batch {batch}" if len(ref) < len(hf) else ""), tokens)
             if p is not None:
                 out.append(p)
     return out
