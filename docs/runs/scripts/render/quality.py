@@ -2,22 +2,30 @@
 +experiment=time_to_loss, five seeds per backend on one GPU; each backend's time and $ to the same target, and its
 eval loss against hf's after the same tokens (lorabench.report.quality, the report's own tables)."""
 from lorabench.core.results import load_results
-from lorabench.report.quality import backend_bests, parities, repeat_groups, repeats_table, to_target
+from lorabench.report.quality import backend_bests, bests_table, parities, repeat_groups, repeats_table, to_target
 
 from .runs import RUNS, command, commit, gpu, link, software
 
 QUALITY = "2026-12-06_h100_time_to_loss"  # hf and fast in one sweep; Unsloth's in a second one, the same GPU after it
 SWEEPS = ("time_to_loss", "time_to_loss_unsloth")
 AXES = ["backend", "train.seed"]
+# Each backend's batch searched at one token budget (batch x train.max_steps fixed, evaluations after the same
+# tokens), every cell stopped at the first evaluation that reaches the target above; one sweep per batch and backend.
+SEARCH = "2026-12-06_h200_time_to_loss_search"
+SEARCH_AXES = ["backend", "batch", "train.seed"]
 
 
-def cells() -> list:
-    """The cells of the run's sweeps, as one: hf's cells set the target every backend's cells are read against."""
+def cells(run: str = QUALITY, sweeps: tuple[str, ...] = SWEEPS) -> list:
+    """The cells of a run's sweeps, as one: hf's cells set the target every backend's cells are read against."""
     out = []
-    for s in SWEEPS:
-        if (RUNS / QUALITY / s).is_dir():
-            out += load_results(RUNS / QUALITY / s)[0]
+    for s in sweeps:
+        if (RUNS / run / s).is_dir():
+            out += load_results(RUNS / run / s)[0]
     return out
+
+
+def search_sweeps() -> tuple[str, ...]:
+    return tuple(sorted(p.name for p in (RUNS / SEARCH).glob("time_to_loss*") if p.is_dir()))
 
 
 def unsloth_words(u, fast) -> str:
@@ -63,5 +71,38 @@ def quality() -> str:
               "```bash\n" + "\n".join(command(f"{QUALITY}/{s}") for s in SWEEPS if (RUNS / QUALITY / s).is_dir())
               + "\n```",
               f"Run dir: {link(QUALITY)} (commit {commit(one)}; {software(one)}); how it ran: "
-              + link(f"{QUALITY}/README.md") + "."]
-    return "\n\n".join(lines)
+              + link(f"{QUALITY}/README.md") + ".", batch_search()]
+    return "\n\n".join(x for x in lines if x)
+
+
+def batch_search() -> str:
+    """Each backend's batch searched to the fixed target, best against best (run dir SEARCH)."""
+    tt = [c for c in to_target(cells(SEARCH, search_sweeps())) if c.target is not None]
+    if not tt:
+        return ""
+    groups = repeat_groups(tt, SEARCH_AXES)
+    by = backend_bests(groups)
+    one = tt[0].cell
+    budget = sorted({(c.cell.config["batch"], c.cell.config["train"]["max_steps"],
+                      c.cell.config["quality"]["eval_every"]) for c in tt})
+    lines = ["### Each backend's batch searched, best against best",
+             f"The same recipe, real weights and held-out conversations, each backend at batches "
+             + ", ".join(str(b) for b in sorted({b for b, _, _ in budget}))
+             + " with one budget of rows: " + "; ".join(f"batch {b} for {m} steps, evaluated every {e}"
+                                                        for b, m, e in budget)
+             + f" (the learning rate and its cosine over the budget unchanged). The target: {tt[0].how}, the "
+             f"target hf's cells set above; each cell stops at the first evaluation that reaches it "
+             f"(`quality.stop_at_target`, MLPerf's rule). One {gpu(one)}, every cell in one run.",
+             bests_table(groups), repeats_table(groups)]
+    hf, fast = by.get("hf"), by.get("fast")
+    if hf is not None and fast is not None:
+        lines.append(f"fast at its fastest batch reaches the target in {fast.median_s / hf.median_s:.2f}x hf's "
+                     f"fastest median time, at {fast.tok_s / hf.tok_s:.2f}x its non-pad tokens/s.")
+    if (u := by.get("unsloth")) is not None:
+        lines.append(unsloth_words(u, fast))
+    lines += ["Eval loss after the same tokens as hf's at the same batch:",
+              "\n".join(f"- {p.sentence()}" for p in parities(tt, SEARCH_AXES)),
+              "```bash\n" + "\n".join(command(f"{SEARCH}/{s}") for s in search_sweeps()) + "\n```",
+              f"Run dir: {link(SEARCH)} (commit {commit(one)}; {software(one)}); how it ran: "
+              + link(f"{SEARCH}/README.md") + "."]
+    return "\n\n".join(x for x in lines if x)
