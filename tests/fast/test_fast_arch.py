@@ -49,7 +49,7 @@ REFUSED = {
     # their adapted projections one at a time), nor is their layer Mistral's
     **{t: ("packing puts several samples in a row; " + t + "'s linear-attention layers carry a state along the row",
            ["data.packing=false", "backend.varlen_attention=false", "backend.fused_lora=false",
-            "backend.fused_add_norm=false", *moe]) for t, moe in
+            "backend.fused_add_norm=false", "backend.fused_linear=false", *moe]) for t, moe in
        (("qwen3_5_text", []), ("qwen3_5_moe_text", ["backend.fused_mlp=false", "backend.cuda_graphs=false"]))},
     **{t: ("varlen_attention replaces the attention of mistral/llama/qwen2/qwen3/qwen3_moe/mixtral/gemma2/"
            f"gemma3_text/phi3/granite; {t} is not among them",
@@ -321,6 +321,9 @@ def test_fast_path_computes_the_architecture_s_model_on_cpu(same_masks, monkeypa
         groups = 2 + (0 if model_type in ("qwen3_moe", "mixtral") else 2)  # attention's q/k/v and o; MLP's two
         assert len(calls) == groups * 3  # 2 layers and the checkpointed one's recompute
         assert all(layer.self_attn.forward.__func__ is fused._attention_forward for layer in layers)
+    elif "backend.fused_linear=false" in REFUSED.get(model_type, ("", []))[1]:  # PEFT's layers as they are
+        assert not any(getattr(m.forward, "__func__", None) is fused._linear_forward
+                       for layer in layers for m in layer.modules())
     else:  # each adapted projection on its own (fused_linear), the gated MLP's in its two groups (fused_mlp)
         adapted = [m for layer in layers for m in layer.modules() if hasattr(m, "lorabench_proj")]
         assert adapted and all(m.forward.__func__ is fused._linear_forward for m in adapted)

@@ -11,7 +11,7 @@ SWEEPS = ("time_to_loss", "time_to_loss_unsloth")
 AXES = ["backend", "train.seed"]
 # Each backend's batch searched at one token budget (batch x train.max_steps fixed, evaluations after the same
 # tokens), every cell stopped at the first evaluation that reaches the target above; one sweep per batch and backend.
-SEARCH = "2026-12-06_h200_time_to_loss_search"
+SEARCH = "2026-12-06_h100_time_to_loss_search"
 SEARCH_AXES = ["backend", "batch", "train.seed"]
 
 
@@ -85,10 +85,13 @@ def batch_search() -> str:
     one = tt[0].cell
     budget = sorted({(c.cell.config["batch"], c.cell.config["train"]["max_steps"],
                       c.cell.config["quality"]["eval_every"]) for c in tt})
+    tried: dict[str, set] = {}
+    for c in tt:
+        tried.setdefault(c.cell.config["backend"]["name"], set()).add(c.cell.config["batch"])
     lines = ["### Each backend's batch searched, best against best",
-             f"The same recipe, real weights and held-out conversations, each backend at batches "
-             + ", ".join(str(b) for b in sorted({b for b, _, _ in budget}))
-             + " with one budget of rows: " + "; ".join(f"batch {b} for {m} steps, evaluated every {e}"
+             "The same recipe, real weights and held-out conversations; "
+             + "; ".join(f"{k} at batch {', '.join(map(str, sorted(v)))}" for k, v in tried.items())
+             + ", with one budget of rows: " + "; ".join(f"batch {b} for {m} steps, evaluated every {e}"
                                                         for b, m, e in budget)
              + f" (the learning rate and its cosine over the budget unchanged). The target: {tt[0].how}, the "
              f"target hf's cells set above; each cell stops at the first evaluation that reaches it "
