@@ -138,8 +138,9 @@ FAMILIES: Mapping[str, Family] = MappingProxyType({f.model_type: f for f in (
                      logits_scaling=16.0, tie_word_embeddings=True)),
     Family("ministral3", "Ministral3", gated_mlp=True, mistral_layer=True,
            no_tokenizer="Ministral 3's Tekken ships in no registry package",
+           # yarn from 4 positions: a 16-token sample's queries are scaled by 1 + 0.1 ln(1 + floor(position / 4))
            tiny=dict(head_dim=16, rope_parameters={
-               "rope_type": "yarn", "rope_theta": 1000000.0, "factor": 16.0, "original_max_position_embeddings": 64,
+               "rope_type": "yarn", "rope_theta": 1000000.0, "factor": 16.0, "original_max_position_embeddings": 4,
                "beta_fast": 32.0, "beta_slow": 1.0, "mscale_all_dim": 1.0, "mscale": 1.0,
                "llama_4_scaling_beta": 0.1})),
     Family("llama4_text", "Llama4", no_tokenizer="Llama 4's tokenizer ships in no registry package",
