@@ -36,13 +36,24 @@ def test_a_signal_in_a_step_asks_for_a_checkpoint_and_a_second_ctrl_c_stops_at_o
 
 def test_a_step_that_outlives_the_grace_period_is_stopped_through_the_guard():
     p, guard = Preemption(), FakeGuard()
-    with p.cell(), p.training(guard, grace_s=0):
+    with p.cell(), p.training(guard, grace_s=0.05):
         p._on_signal(signal.SIGTERM, None)
+        assert guard.stopped is None  # the step has its grace period
         p._timer.join(5)
         assert isinstance(guard.stopped, StepAborted)
         raise guard.stopped  # as the guard raises it in the main thread
     assert p.aborted
-    assert "had not ended 0 s after the signal" in p.stopped_message(3, None, "checkpoints")
+    assert "had not ended 0.05 s after the signal" in p.stopped_message(3, None, "checkpoints")
+
+
+def test_without_a_grace_period_the_step_is_stopped_in_the_signal_handler():
+    """train.sigterm_grace_s=0: the guard is told at once, not by a timer thread that a short step could outrun."""
+    p, guard = Preemption(), FakeGuard()
+    with p.cell(), p.training(guard, grace_s=0):
+        p._on_signal(signal.SIGTERM, None)
+        assert isinstance(guard.stopped, StepAborted) and p._timer is None
+        raise guard.stopped
+    assert p.aborted and "had not ended 0 s after the signal" in p.stopped_message(3, None, "checkpoints")
 
 
 def test_a_signal_outside_the_step_stops_the_cell_and_between_cells_only_the_sweep():
