@@ -86,9 +86,9 @@ def main(model_type: str, out: str | None) -> None:
     print(f"{'bound 2 max(hf, moved) + 2^-8':<42}" + "".join(f"{bound[n]:>9.2%}" for n in worst))
     print(f"{'moved by one rounding':<42}" + "".join(f"{moved[n]:>9.2%}" for n in worst))
     for name, e in rows.items():
-        out_of = sum(e[n] > bound[n] for n in exact)
+        out_of, top = sum(e[n] > bound[n] for n in exact), max(e[n] / bound[n] for n in exact)
         print(f"{name:<42}" + "".join(f"{e[n]:>9.2%}" for n in worst)
-              + f"   {out_of} of {len(exact)} beyond the bound, the worst at {max(e[n] / bound[n] for n in exact):.2f}")
+              + f"   {out_of} of {len(exact)} beyond the bound, the worst at {top:.2f} of it")
     if out:
         Path(out).write_text(json.dumps({"moved": moved, **rows}, indent=1))
 
