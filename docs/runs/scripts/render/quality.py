@@ -59,7 +59,8 @@ def quality() -> str:
              f"target: {targeted[0].how}. Time to target counts every step and every evaluation from the first "
              "step, as MLPerf Training counts it. Seeds (`train.seed`) per backend: "
              + ", ".join(f"{k} {len(g.cells)}" for k, g in by.items())
-             + f" of {one.config['quality']['repeats']} (the others had not started by the sweep's deadline, `sweep.deadline_s`).",
+             + f" of {one.config['quality']['repeats']} (the others had not started by the sweep's deadline, "
+             "`sweep.deadline_s`).",
              repeats_table(groups)]
     if fast is not None:
         lines.append(f"fast reaches the target in {fast.median_s / hf.median_s:.2f}x hf's median time, at "
@@ -67,12 +68,16 @@ def quality() -> str:
     if (u := by.get("unsloth")) is not None:
         lines.append(unsloth_words(u, fast))
     lines += ["Eval loss after the same tokens as hf's, with the tolerance the arithmetic and the repeats give:",
-              "\n".join(f"- {p.sentence()}" for p in parities(tt, AXES)),
-              "```bash\n" + "\n".join(command(f"{QUALITY}/{s}") for s in SWEEPS if (RUNS / QUALITY / s).is_dir())
-              + "\n```",
-              f"Run dir: {link(QUALITY)} (commit {commit(one)}; {software(one)}); how it ran: "
-              + link(f"{QUALITY}/README.md") + ".", batch_search()]
+              *evidence(tt, AXES, QUALITY, tuple(s for s in SWEEPS if (RUNS / QUALITY / s).is_dir())), batch_search()]
     return "\n\n".join(x for x in lines if x)
+
+
+def evidence(tt, axes_: list[str], run: str, sweeps: tuple[str, ...]) -> list[str]:
+    """The parity lines, the sweeps' commands and the run dir, after a section's tables."""
+    one = tt[0].cell
+    return ["\n".join(f"- {p.sentence()}" for p in parities(tt, axes_)),
+            "```bash\n" + "\n".join(command(f"{run}/{s}") for s in sweeps) + "\n```",
+            f"Run dir: {link(run)} (commit {commit(one)}; {software(one)}); how it ran: {link(f'{run}/README.md')}."]
 
 
 def batch_search() -> str:
@@ -104,8 +109,5 @@ def batch_search() -> str:
     if (u := by.get("unsloth")) is not None:
         lines.append(unsloth_words(u, fast))
     lines += ["Eval loss after the same tokens as hf's at the same batch:",
-              "\n".join(f"- {p.sentence()}" for p in parities(tt, SEARCH_AXES)),
-              "```bash\n" + "\n".join(command(f"{SEARCH}/{s}") for s in search_sweeps()) + "\n```",
-              f"Run dir: {link(SEARCH)} (commit {commit(one)}; {software(one)}); how it ran: "
-              + link(f"{SEARCH}/README.md") + "."]
+              *evidence(tt, SEARCH_AXES, SEARCH, search_sweeps())]
     return "\n\n".join(x for x in lines if x)
