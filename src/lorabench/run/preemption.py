@@ -194,8 +194,10 @@ class Preemption:
         log.warning("%s: saving a checkpoint at the end of this step (or stopping it in %g s), then stopping; "
                     "Ctrl-C again stops at once", name, self._grace_s)
         aborted = StepAborted(f"{name} grace period over")
-        if self._grace_s <= 0:  # no grace: stopped now, not once a timer thread next gets the interpreter, by which
-            self._guard.stop(aborted)  # time a short step may have ended and written its checkpoint after all
+        # No grace: stopped now, not once a timer thread next gets the interpreter, by which time a short step
+        # may have ended and written its checkpoint after all.
+        if self._grace_s <= 0:
+            self._guard.stop(aborted)
             return
         self._timer = threading.Timer(self._grace_s, self._guard.stop, args=(aborted,))
         self._timer.daemon = True

