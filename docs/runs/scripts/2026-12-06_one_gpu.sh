@@ -8,7 +8,8 @@
 # fla-core (Qwen3.5's linear-attention kernels) is not carried: its 0.6.0 refuses Hopper GPUs under Triton < 3.7.1
 # (torch 2.11 ships 3.6), so Qwen3.5's linear attention runs transformers' PyTorch path in every backend. What each step wrote is packed after it ($OUT/<call>_gpu0.tgz), so a call cut short returns what finished.
 #   1  the GPU tests of the 2026 families (fast and hf in bf16 against hf in float64)
-#   2  Qwen3.5-9B (hybrid linear attention) at seq 1024 within 22 GiB: fast's, hf's, Unsloth's searches
+#   2  Qwen3.5-9B (hybrid linear attention) at seq 1024 within 22 GiB: fast's, hf's, Unsloth's searches; where
+#      fast's step goes (a profiled cell at its best layout in 2026-12-06_h100_recipes)
 #   3  LoRA on every linear layer (r16) of Mistral-7B at seq 1024 within 22 GiB: fast's, Unsloth's, hf's searches
 #   4  the longest row each backend trains at batch 1 within 22 GiB (Llama-3.1-8B): fast, Unsloth
 #   5  gpt-oss-20b, its experts adapted, and Gemma-4-31B on the whole GPU (gpt-oss's experts stay bf16 under nf4:
@@ -29,6 +30,7 @@ step2() {
   for b in fast hf unsloth; do
     sweep 0 qwen3.5-9b_$b $search model=qwen3.5-9b data=synthetic $small backend=$b || return
   done
+  sweep 0 qwen3.5-9b_fast_profiled $profiled_cells model=qwen3.5-9b data=synthetic seq_len=1024 batch=16 $ckpt=1 backend=fast
 }
 step3() {
   for b in fast unsloth hf; do
