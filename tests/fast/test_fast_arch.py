@@ -14,6 +14,7 @@ soft-cap or scale changes (1e-3 and more). The GPU tests do it in bf16 with Lige
 import copy
 import functools
 import importlib.util
+import inspect
 
 import pytest
 import torch
@@ -573,3 +574,34 @@ def compare_gpu(model_type, device, liger, *extra):
     for what, ref, moved, a, b in pairs:
         err_moved, err_hf, err_fast = ((t.double() - ref).norm().item() / ref.norm().item() for t in (moved, a, b))
         assert err_fast <= 2 * max(err_hf, err_moved) + 2**-8, (what, err_fast, err_hf, err_moved)
+
+
+def test_compile_delta_rule_computes_qwen3_5_s_gated_delta_rule_through_one_compile_on_cpu():
+    """backend.compile_delta_rule (on CUDA): each Gated DeltaNet layer calls transformers' chunked delta rule through
+    torch.compile, the class and hf's model untouched. Here with dynamo's graph run as traced (the same operations in
+    the same order): the loss and every LoRA gradient equal the reference's bit for bit, and the rule was traced."""
+    from lorabench.fast import delta_rule
+
+    graphs = []
+
+    def traced(gm, example_inputs):  # torch.compile's backend: the traced graph's own forward
+        graphs.append(gm)
+        return gm.forward
+
+    base = build("qwen3_5_text", torch.float32)
+    ids = torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(3))
+    batch = {"input_ids": ids, "labels": ids}
+    c = cfg("lora.target_modules=[all-linear]", "train.gradient_checkpointing=true", "train.checkpoint_fraction=0.5")
+    torch.manual_seed(4)
+    _, loss_ref, g_ref = logits_and_grads(copy.deepcopy(base), c, torch.device("cpu"), batch)
+    torch._dynamo.reset()
+    layers = [m for m in base.modules() if type(m).__name__.endswith("GatedDeltaNet")]
+    assert delta_rule.patch(base, backend=traced) == len(layers) > 0
+    torch.manual_seed(4)
+    _, loss, g = logits_and_grads(base, c, torch.device("cpu"), batch)
+    assert graphs, "the rule was not traced"
+    rules = {m.forward.__func__.__globals__[delta_rule.NAME] for m in layers}
+    reference = inspect.unwrap(type(layers[0]).forward).__globals__[delta_rule.NAME]
+    assert len(rules) == 1 and reference not in rules
+    assert loss == loss_ref and g.keys() == g_ref.keys()
+    assert all(torch.equal(g[n], g_ref[n]) for n in g_ref), [n for n in g_ref if not torch.equal(g[n], g_ref[n])]

@@ -8,8 +8,8 @@
 # fla-core (Qwen3.5's linear-attention kernels) is not carried: its 0.6.0 refuses Hopper GPUs under Triton < 3.7.1
 # (torch 2.11 ships 3.6), so Qwen3.5's linear attention runs transformers' PyTorch path in every backend. What each step wrote is packed after it ($OUT/<call>_gpu0.tgz), so a call cut short returns what finished.
 #   1  the GPU tests of the 2026 families (fast and hf in bf16 against hf in float64)
-#   2  Qwen3.5-9B (hybrid linear attention) at seq 1024 within 22 GiB: fast's, hf's, Unsloth's searches; where
-#      fast's step goes (a profiled cell at its best layout in 2026-12-06_h100_recipes)
+#   2  Qwen3.5-9B (hybrid linear attention) at seq 1024 within 22 GiB: fast's, hf's, Unsloth's searches; fast at
+#      its best layout in 2026-12-06_h100_recipes without compile_delta_rule, and profiled with it
 #   3  LoRA on every linear layer (r16) of Mistral-7B at seq 1024 within 22 GiB: fast's, Unsloth's, hf's searches
 #   4  the longest row each backend trains at batch 1 within 22 GiB (Llama-3.1-8B): fast, Unsloth
 #   5  gpt-oss-20b, its experts adapted, and Gemma-4-31B on the whole GPU (gpt-oss's experts stay bf16 under nf4:
@@ -23,14 +23,18 @@ tune="-m +experiment=tune train.max_steps=12 train.untimed_steps=4 seq_len=1024"
 small="search.max_cells=4 search.batches=[2,4,8,16]"
 step1() {
   [ -f $R/gpu_tests.txt ] && return 0
-  timeout 120 python3 -m pytest -q -m gpu tests/fast/test_fast_arch.py -k 2026_families > $R/gpu_tests.txt 2>&1
+  timeout 240 python3 -m pytest -q -m gpu tests/fast/test_fast_arch.py -k 2026_families > $R/gpu_tests.txt 2>&1
   grep -E "passed|failed" $R/gpu_tests.txt; pack_gpu 0
 }
 step2() {
-  for b in fast hf unsloth; do
+  for b in fast hf; do
     sweep 0 qwen3.5-9b_$b $search model=qwen3.5-9b data=synthetic $small backend=$b || return
   done
-  sweep 0 qwen3.5-9b_fast_profiled $profiled_cells model=qwen3.5-9b data=synthetic seq_len=1024 batch=16 $ckpt=1 backend=fast
+  sweep 0 qwen3.5-9b_fast_rule_eager $search model=qwen3.5-9b data=synthetic batch=16 $ckpt=1 backend=fast \
+    backend.compile_delta_rule=false || return
+  sweep 0 qwen3.5-9b_unsloth $search model=qwen3.5-9b data=synthetic $small backend=unsloth || return
+  sweep 0 qwen3.5-9b_fast_profiled $profiled_cells model=qwen3.5-9b data=synthetic seq_len=1024 batch=16 $ckpt=1 \
+    backend=fast
 }
 step3() {
   for b in fast unsloth hf; do

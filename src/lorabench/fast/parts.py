@@ -471,6 +471,20 @@ def _apply_add_norm(model, c: Config, device: torch.device, f: Features):
     return model
 
 
+def _apply_delta_rule(model, c: Config, device: torch.device, f: Features):
+    from lorabench.fast import delta_rule
+
+    if not f.linear_attention or device.type != "cuda":
+        return model
+    if delta_rule.fla_computes():
+        log.info("backend.compile_delta_rule: flash-linear-attention computes %s's gated delta rule; left to it",
+                 f.model_type)
+        return model
+    n = delta_rule.patch(model)
+    log.info("the gated delta rule of %d linear-attention layers through torch.compile", n)
+    return model
+
+
 FUSED = ("fused_lora", "fused_mlp", "fused_linear")
 # lorabench.fast.fused reads each projection's 4-bit weight and its quant state itself, and keeps references to
 # them (absmax_cache, saved for the backward); under FSDP2 a layer's weights are a gathered copy per forward
@@ -538,6 +552,11 @@ PARTS = (
     Part("fused_add_norm", "the attention's residual add inside the next RMSNorm (Liger's fused add + RMSNorm "
          "on CUDA): 3 passes over the residual stream less per layer (lorabench.fast.kernels.norm)",
          Stage.AFTER_LORA, Cuda.FALLBACK, lacks=_add_norm_lacks, apply=_apply_add_norm),
+    Part("compile_delta_rule", "the chunked gated delta rule of linear-attention layers (Qwen3.5's Gated "
+         "DeltaNet) where flash-linear-attention does not compute it: transformers' PyTorch function through "
+         "torch.compile, the same operations with its float32 elementwise steps fused around the matmuls and "
+         "recomputed in the backward instead of kept (lorabench.fast.delta_rule)", Stage.AFTER_LORA, Cuda.ONLY,
+         apply=_apply_delta_rule),
     Part("seeded_dropout", "LoRA dropout's masks drawn from a seed and drawn again in the backward, none kept (a "
          "bool mask is 1 byte per element: 32 MiB per projection at 16 x 512 tokens of 4,096 features; "
          "lorabench.fast.kernels.dropout)", Stage.KERNEL, Cuda.FALLBACK, through=FUSED),

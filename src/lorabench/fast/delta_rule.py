@@ -1,0 +1,67 @@
+"""Linear attention's chunked gated delta rule (Qwen3.5's Gated DeltaNet) through torch.compile.
+
+Where flash-linear-attention does not compute it (not installed, or refusing the GPU: see
+lorabench.run.checks.check_linear_attention_kernels), transformers runs its PyTorch reference,
+torch_chunk_gated_delta_rule: q, k, v, the gates and beta in float32, chunks of 64 tokens, [64 x 64] decay and
+UT-transform matrices per chunk and head, then a scan over the chunks; each of its ~40 elementwise steps reads and
+writes a float32 tensor of [batch, heads, tokens, 64 or head_dim]. Compiled, the same function (transformers' own
+code, the same operations) runs with those steps fused around its matmuls and its triangular solves, and the
+backward recomputes the cheap elementwise parts instead of keeping them.
+
+The layer's forward stays transformers' (its code object), given a namespace in which that one name is the
+compiled function: other models in the process, hf's among them, keep the reference.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import logging
+import types
+
+import torch
+
+log = logging.getLogger(__name__)
+
+NAME = "torch_chunk_gated_delta_rule"  # the module-level function the Gated DeltaNet forwards call
+
+
+def fla_computes() -> bool:
+    """transformers takes flash-linear-attention's kernel for the rule wherever the package imports."""
+    return importlib.util.find_spec("fla") is not None
+
+
+def _patchable(module) -> bool:
+    forward = inspect.unwrap(type(module).forward)
+    return (type(module).__name__.endswith("GatedDeltaNet") and NAME in forward.__code__.co_names
+            and getattr(getattr(module, "conv1d", None), "_hf_hook", None) is None)
+
+
+def patch(model, backend="inductor") -> int:
+    """Each Gated DeltaNet layer of `model` computes the rule through one torch.compile of transformers'
+    function (one per modeling module: Qwen3.5 and Qwen3.5-MoE each have theirs). `backend`: torch.compile's
+    (the tests pass a counting one). Returns the number of layers patched.
+
+    The forward is unwrapped from transformers' force_accelerate_hooks, which fires the hooks of an accelerate
+    device map on conv1d; a layer whose conv1d has such a hook (weights offloaded by a device map) is left as it is."""
+    compiled: dict[int, object] = {}
+    n = 0
+    # One graph per cell shape and grad mode (a recomputed layer's forward runs again in the backward): a
+    # multirun's cells in one process would pass dynamo's 8 and fall back to the reference without a word.
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    for module in model.modules():
+        if not _patchable(module):
+            continue
+        forward = inspect.unwrap(type(module).forward)
+        rule = forward.__globals__[NAME]
+        if id(rule) not in compiled:
+            # dynamic=False: every layer sees the cell's one shape (fixed-length rows), one graph for all of them
+            compiled[id(rule)] = torch.compile(rule, backend=backend, dynamic=False)
+        namespace = dict(forward.__globals__)
+        namespace[NAME] = compiled[id(rule)]
+        own = types.FunctionType(forward.__code__, namespace, forward.__name__, forward.__defaults__,
+                                 forward.__closure__)
+        own.__kwdefaults__ = forward.__kwdefaults__
+        module.forward = types.MethodType(own, module)
+        n += 1
+    return n
