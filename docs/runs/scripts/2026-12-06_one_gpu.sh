@@ -30,8 +30,8 @@ step2() {
   for b in fast hf; do
     sweep 0 qwen3.5-9b_$b $search model=qwen3.5-9b data=synthetic $small backend=$b || return
   done
-  sweep 0 qwen3.5-9b_fast_rule_eager $search model=qwen3.5-9b data=synthetic batch=16 $ckpt=1 backend=fast \
-    backend.compile_delta_rule=false || return
+  sweep 0 qwen3.5-9b_fast_rule_eager -m +experiment=seed_optimum train.max_steps=12 train.untimed_steps=4 gpu=a10 \
+    model=qwen3.5-9b data=synthetic seq_len=1024 batch=16 $ckpt=1 backend=fast backend.compile_delta_rule=false || return
   sweep 0 qwen3.5-9b_unsloth $search model=qwen3.5-9b data=synthetic $small backend=unsloth || return
   sweep 0 qwen3.5-9b_fast_profiled $profiled_cells model=qwen3.5-9b data=synthetic seq_len=1024 batch=16 $ckpt=1 \
     backend=fast
