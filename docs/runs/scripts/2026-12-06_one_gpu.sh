@@ -13,7 +13,8 @@
 #   3  LoRA on every linear layer (r16) of Mistral-7B at seq 1024 within 22 GiB: fast's, Unsloth's, hf's searches
 #   4  the longest row each backend trains at batch 1 within 22 GiB (Llama-3.1-8B): fast, Unsloth
 #   5  gpt-oss-20b, its experts adapted, and Gemma-4-31B on the whole GPU (gpt-oss's experts stay bf16 under nf4:
-#      ~40 GB): fast's and hf's searches
+#      ~40 GB): fast's and hf's searches, and
+#      Unsloth's on Gemma-4 (lorabench runs Unsloth without expert adapters)
 #   6  which fast part moves Qwen3.5's LoRA gradients furthest from exact (gate_grad_parts.py: each part off in turn)
 set -u
 LIMIT_S=${LIMIT_S:-540}; source "$(dirname "$0")/device_setup.sh" "$@"  # wheels, environment, t0
@@ -52,7 +53,7 @@ step5() {
     sweep 0 gpt-oss-20b_$b $tune gpu=auto model=gpt-oss-20b data=synthetic lora.experts=true lora.dropout=0 \
       search.max_cells=3 search.batches=[2,4,8] backend=$b || return
   done
-  for b in fast hf; do
+  for b in fast hf unsloth; do
     sweep 0 gemma-4-31b_$b $tune gpu=auto model=gemma-4-31b data=synthetic search.max_cells=3 search.batches=[1,2,4] \
       backend=$b || return
   done
