@@ -237,14 +237,18 @@ def test_bench_report_of_a_file_says_it_is_a_file(tmp_path):
     assert proc.returncode != 0 and "is a file" in proc.stderr and "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("triton_version, tilelang, refused", [("3.6.0", False, True), ("3.7.1", False, False),
-                                                               ("3.3.1", False, False), ("3.6.0", True, False)])
-def test_fla_on_hopper_under_an_old_triton_is_refused_before_the_model(monkeypatch, triton_version, tilelang, refused):
+@pytest.mark.parametrize("triton_version, tilelang, unsloths, refused", [
+    ("3.6.0", False, False, True), ("3.7.1", False, False, False), ("3.3.1", False, False, False),
+    ("3.6.0", True, False, False), ("3.6.0", False, True, False)])
+def test_fla_on_hopper_under_an_old_triton_is_refused_before_the_model(monkeypatch, triton_version, tilelang, unsloths,
+                                                                       refused):
     """flash-linear-attention raises only at the first backward of a Hopper GPU under Triton 3.4.0 to 3.7.0, after
     the model is built, unless TileLang takes its kernel: the device check says so for a model with linear
-    attention, and lets another Triton, or TileLang, run."""
+    attention, and lets another Triton, TileLang, or Unsloth's own copy of fla (its `fla` module marked) run."""
     import importlib.metadata
     import importlib.util
+    import sys
+    import types
 
     import torch
 
@@ -257,6 +261,8 @@ def test_fla_on_hopper_under_an_old_triton_is_refused_before_the_model(monkeypat
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda n, *a: object() if n in present else None if n == "tilelang" else real_find_spec(n, *a))
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    if unsloths:  # what unsloth_zoo registers as `fla` when Unsloth is imported
+        monkeypatch.setitem(sys.modules, "fla", types.SimpleNamespace(**{checks.UNSLOTH_FLA_MARK: True}))
     cuda = torch.device("cuda", 0)
     qwen35 = OmegaConf.to_object(compose_cfg(["model=qwen3.5-9b", "precision=bf16"]))
     if refused:

@@ -357,18 +357,24 @@ def check_model_on(c: Config, device, arch: Architecture) -> None:
     check_linear_attention_kernels(c, device, arch)
 
 
+UNSLOTH_FLA_MARK = "_UNSLOTH_VENDORED_FLA"  # unsloth_zoo.temporary_patches.fla_vendor's mark on its `fla` module
+
+
 def check_linear_attention_kernels(c: Config, device, arch: Architecture) -> None:
     """flash-linear-attention (fla), once importable, replaces transformers' PyTorch path for Qwen3.5's linear
     attention. On a Hopper GPU (sm_90) under Triton 3.4.0 to 3.7.0 its gated backward gives wrong values, so fla
     (0.6.0) refuses it unless TileLang takes that kernel, and only at the first backward, after the model is built:
-    said here, before."""
+    said here, before. Unsloth's cells import Unsloth's own copy of fla (unsloth_zoo's, registered as `fla` and marked
+    so), which on Hopper steps that kernel down from the miscompiled tile itself: left to it."""
     if device.type != "cuda" or not arch.linear_attention:
         return
     import importlib.metadata
     import importlib.util
+    import sys
 
     import torch
     if (importlib.util.find_spec("fla") is None or importlib.util.find_spec("tilelang") is not None
+            or getattr(sys.modules.get("fla"), UNSLOTH_FLA_MARK, False) is True
             or torch.cuda.get_device_capability(device)[0] != 9):
         return
     triton = importlib.metadata.version("triton")
