@@ -111,3 +111,26 @@ def test_the_census_counts_what_transformers_builds():
     assert arch.matmul_params() == linear + experts and arch.expert_params() == experts
     assert arch.matmul_params(active=True) == linear + experts // 2  # top-2 of 4
     assert not arch.known and architecture_of is not None
+
+
+def test_a_config_in_another_library_s_wrapper_is_read_as_its_model_type_s():
+    """Unsloth hands Gemma 4's text config out in a proxy that forwards every attribute but has no class methods
+    (from_dict): the architecture read from it is the one read from the config itself."""
+    from conftest import tiny_config
+
+    class Proxy:  # the shape of unsloth_zoo's _Gemma4KVSharedSafeProxy
+        __slots__ = ("_real",)
+
+        def __init__(self, real):
+            object.__setattr__(self, "_real", real)
+
+        def __getattr__(self, name):
+            return getattr(self._real, name)
+
+        def get_text_config(self, decoder=None, encoder=None):
+            return self
+
+    cfg = tiny_config("gemma4_text")
+    arch = Architecture.from_hf_config(cfg)
+    wrapped = Architecture.from_hf_config(Proxy(cfg))
+    assert wrapped.census == arch.census and wrapped.total_params() == arch.total_params() > 0

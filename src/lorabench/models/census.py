@@ -60,8 +60,13 @@ def causal_lm_class(cfg) -> str:
 
 
 def take(cfg) -> Census:
-    """The census of `cfg` (a transformers PretrainedConfig), built once per distinct config."""
-    return _take(cfg.to_json_string(use_diff=False), type(cfg))
+    """The census of `cfg` (a transformers PretrainedConfig), built once per distinct config. A config that another
+    library hands out in a wrapper of its own (Unsloth's proxy around Gemma 4's text config) is rebuilt as the class
+    transformers registers for its model_type."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    cls = type(cfg) if hasattr(type(cfg), "from_dict") else CONFIG_MAPPING[cfg.model_type]
+    return _take(cfg.to_json_string(use_diff=False), cls)
 
 
 @functools.lru_cache(maxsize=16)
