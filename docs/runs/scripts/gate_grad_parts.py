@@ -1,9 +1,10 @@
 """Which fast part moves a family's LoRA gradients furthest from exact, on a GPU: the tiny model of the family's GPU
 test (tests/fast/test_fast_arch.py), hf and fast in bf16 against hf in float64, fast with each of its parts turned
 off in turn, and where the family has linear attention, fused_linear turned on again (everywhere, and everywhere but
-the linear-attention blocks). Prints, per variant, the relative error of the gradients that are furthest from
-exact, beside hf's own error and how far the float64 answer moves when every weight moves by one bf16 rounding, and
-how many gradients leave the family test's bound (2 max(hf, moved) + 2^-8).
+the linear-attention blocks) and the delta rule compiled (compile_delta_rule). Prints, per variant, the relative
+error of the gradients that are furthest from exact, beside hf's own error and how far the float64 answer moves when
+every weight moves by one bf16 rounding, and how many gradients leave the family test's bound (2 max(hf, moved) +
+2^-8).
 
     PYTHONPATH=src python docs/runs/scripts/gate_grad_parts.py qwen3_5_text [out.json]
 """
@@ -74,7 +75,8 @@ def main(model_type: str, out: str | None) -> None:
                  for off in PARTS_OFF if not (linear and off == "fused_linear")}
     if linear:
         variants |= {"fast, fused_linear=true": [*fast, "backend.fused_linear=true"],
-                     "fast, fused_linear=true but linear_attn": [*fast, "backend.fused_linear=true"]}
+                     "fast, fused_linear=true but linear_attn": [*fast, "backend.fused_linear=true"],
+                     "fast, compile_delta_rule=true": [*variants["fast"], "backend.compile_delta_rule=true"]}
     for name, overrides in variants.items():
         c = t.cfg(*overrides)
         with parts.around_cell(c, base.config), outside_linear_attention(name.endswith("but linear_attn")):
