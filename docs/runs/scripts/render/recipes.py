@@ -28,9 +28,10 @@ def recipe_rows() -> list[list]:
     return rows
 
 
-def family_tests() -> str:
-    """The 2026 families' GPU test, from pytest's own summary: which failed, and the assertion each failed on."""
-    text = (RUNS / FAMILY_TEST / "gpu_tests.txt").read_text()
+def family_tests(run: str = FAMILY_TEST) -> str:
+    """The 2026 families' GPU test (`run`'s), from pytest's own summary: which failed, and the assertion each failed
+    on."""
+    text = (RUNS / run / "gpu_tests.txt").read_text()
     summary = re.findall(r"^(\d+ failed, )?(\d+) passed", text, re.M)[-1]
     failed = re.findall(r"^FAILED \S+\[(\w+)\]", text, re.M)
     # the assertion's (what, fast's error, hf's error[, the exact answer's movement under one rounding])

@@ -1,0 +1,105 @@
+"""The checkpoints users bring now, on one H100: Qwen3.5-9B within 22 GiB (fast with its linear-attention rule
+compiled and without, hf, Unsloth), Gemma-4-31B and gpt-oss-20b (its experts adapted) on the whole GPU, which fast
+part moves Qwen3.5's gate gradients, and fast's longest row of Llama-3.1-8B within 22 GiB."""
+import json
+import re
+
+from .recipes import family_tests
+from .runs import RUNS, bests, cell, command, commit, gpu, link, md_table, ratio, software, tok
+
+RUN = "2026-12-06_h100_checkpoints"  # one list of sweeps on one GPU, in turn (scripts/2026-12-06_one_gpu.sh)
+
+
+def _gib(r) -> str:
+    return f"{r.metrics['mem/peak_reserved_gib']:.1f}"
+
+
+def _failed(sweep: str) -> str:
+    """Why every cell of a sweep that measured none failed: its first cell's error line, or the OOMs' peaks."""
+    cells = sorted(p.parent for p in (RUNS / RUN / sweep).glob("*/metrics.json"))
+    results = [json.loads((d / "metrics.json").read_text()) for d in cells]
+    if all(r["status"] == "oom" for r in results):
+        peaks = ", ".join(f"{r['metrics']['mem/peak_reserved_gib']:.1f}" for r in results)
+        return f"every cell ran out of memory ({len(results)} cells, peak reserved {peaks} GiB)"
+    error = results[0]["error"]
+    return re.sub(r"^RuntimeError: rank 0 of 1: |\s*\(torchrun exit code.*$", "", error)
+
+
+def _row(label: str, r, hf) -> list:
+    return [label, f"{tok(r):,.0f}", _gib(r), f"{r.metrics['perf/mfu_pct']:.1f}",
+            ratio(tok(r) / tok(hf)) if hf is not None else "-"]
+
+
+def qwen35() -> str:
+    fast, hf = bests(f"{RUN}/qwen3.5-9b_fast")["fast"], bests(f"{RUN}/qwen3.5-9b_hf")["hf"]
+    eager = cell(f"{RUN}/qwen3.5-9b_fast_rule_eager")
+    rows = [_row(f"fast, the delta rule compiled (`backend.compile_delta_rule=true`): best {fast.layout}", fast.cell,
+                 hf.cell),
+            _row("fast as it ships (the rule as transformers runs it): b16 ckpt 1, fast's best layout in "
+                 "the earlier search", eager, hf.cell),
+            _row(f"hf: best {hf.layout}", hf.cell, hf.cell),
+            ["Unsloth: refused before its model by lorabench's check (above): " + _failed("qwen3.5-9b_unsloth"),
+             "-", "-", "-", "-"]]
+    return md_table(["Qwen3.5-9B", "tok/s", "GiB", "MFU %", "over hf"], rows)
+
+
+def whole_gpu() -> str:
+    fast, hf = bests(f"{RUN}/gemma-4-31b_fast")["fast"], bests(f"{RUN}/gemma-4-31b_hf")["hf"]
+    rows = [["Gemma-4-31B, LoRA r16 on q/k/v/o", f"{fast.layout}: {tok(fast.cell):,.0f} tok/s, {_gib(fast.cell)} GiB",
+             f"{hf.layout}: {tok(hf.cell):,.0f} tok/s, {_gib(hf.cell)} GiB", ratio(tok(fast.cell) / tok(hf.cell)),
+             "failed in lorabench's reading of the config Unsloth wraps (above): " + _failed("gemma-4-31b_unsloth")],
+            ["gpt-oss-20b, LoRA r16 on q/k/v/o and every expert (`lora.experts=true`)", _failed("gpt-oss-20b_fast"),
+             _failed("gpt-oss-20b_hf"), "-", "not run (lorabench runs Unsloth without expert adapters)"]]
+    return md_table(["model", "fast's best", "hf's best", "fast over hf", "Unsloth"], rows)
+
+
+def gate_parts() -> str:
+    """Per fast variant of the Qwen3.5 gradient check (scripts/gate_grad_parts.py): how many LoRA gradients leave
+    the family test's bound 2 max(hf, moved) + 2^-8, and the worst one's share of it."""
+    rows = json.loads((RUNS / RUN / "gate_grad_parts.json").read_text())
+    moved, hf = rows.pop("moved"), rows["hf"]
+    bound = {n: 2 * max(hf[n], moved[n]) + 2 ** -8 for n in hf}
+    out = []
+    for name, e in rows.items():
+        over = sum(e[n] > bound[n] for n in bound)
+        out.append([name, f"{over} of {len(bound)}", f"{max(e[n] / bound[n] for n in bound):.2f}"])
+    return md_table(["variant (the delta rule compiled in every fast row)", "gradients beyond the bound",
+                     "worst / bound"], out)
+
+
+def longest_row() -> str:
+    b = bests(f"{RUN}/llama-3.1-8b_max_context_fast")["fast"]
+    return (f"fast's longest row of Llama-3.1-8B (nf4, LoRA r16 q/k/v/o, batch 1) within 22 GiB: "
+            f"{b.cell.config['seq_len']:,} tokens at {tok(b.cell):,.0f} tok/s, {_gib(b.cell)} GiB ({b.layout}; "
+            f"MFU {b.cell.metrics['perf/mfu_pct']:.1f}%). 131,072 ran out of memory; the search stopped at its "
+            f"deadline after {b.measured} cells, so the ceiling lies between the two and was not refined further, "
+            "and Unsloth's search did not run.")
+
+
+def checkpoints() -> str:
+    one = bests(f"{RUN}/qwen3.5-9b_hf")["hf"].cell
+    sweeps = ["qwen3.5-9b_fast", "qwen3.5-9b_hf", "qwen3.5-9b_fast_rule_eager", "qwen3.5-9b_unsloth",
+              "gemma-4-31b_fast", "gemma-4-31b_hf", "gemma-4-31b_unsloth", "gpt-oss-20b_fast", "gpt-oss-20b_hf",
+              "llama-3.1-8b_max_context_fast"]
+    return "\n\n".join([
+        "## Qwen3.5, Gemma 4 and gpt-oss; fast's longest row",
+        f"One {gpu(one)}, each backend's search in turn (at most 4 cells at seq 1024; nf4 QLoRA, LoRA r16, "
+        "paged_adamw_8bit, synthetic rows). Qwen3.5-9B within 22 GiB (`gpu=a10`), its adapters on q/k/v/o of its 8 "
+        "full-attention layers; its 24 Gated DeltaNet layers ran transformers' PyTorch rule (flash-linear-attention "
+        "refuses Hopper GPUs under Triton 3.6), which `compile_delta_rule` runs through torch.compile. That part is "
+        "off in `fast`: with it, the family GPU test failed on one gate gradient (below). Unsloth was refused by "
+        "lorabench's own check, which took the copy of flash-linear-attention that Unsloth carries (and patches for "
+        "Hopper) for the package that refuses; that copy is now left to Unsloth.",
+        qwen35(),
+        "Gemma-4-31B and gpt-oss-20b on the whole GPU (`gpu=auto`, at most 3 cells): gpt-oss's experts stay bf16 "
+        "under nf4 (bitsandbytes quantises linear layers, and transformers holds the experts as 3-D tensors). "
+        "Unsloth's Gemma-4 cells failed in lorabench's census of the model, on the proxy in which Unsloth hands out "
+        "Gemma 4's text config (it has no from_dict); such a config is now read as its model_type's class.",
+        whole_gpu(),
+        "The family GPU test (`pytest -m gpu tests/fast/test_fast_arch.py -k 2026_families`, the delta rule "
+        f"compiled): {family_tests(RUN)} ({link(RUN + '/gpu_tests.txt')}). The same gradients with each fast part "
+        "off in turn (`python docs/runs/scripts/gate_grad_parts.py qwen3_5_text`):",
+        gate_parts(),
+        longest_row(),
+        "```bash\n" + "\n".join(command(f"{RUN}/{s}") for s in sweeps) + "\n```",
+        f"Run dir: {link(RUN)} (commit {commit(one)}; {software(one)}); how it ran: {link(RUN + '/README.md')}."])
