@@ -172,8 +172,9 @@ def test_moe_counts_only_the_active_experts():
 
 def test_moe_experts_stay_16bit_in_a_quantised_cell_and_the_estimate_counts_them_so():
     """bitsandbytes quantises nn.Linear only; transformers 5's experts are 3-D parameters, loaded in bf16 in an
-    nf4 cell. PEFT's QLoRA upcast (meant for the norms) would make them fp32: kept at bf16 instead, the norms
-    fp32, and a step runs under autocast with LoRA gradients. The memory estimate takes the experts at 2
+    nf4 cell. PEFT's QLoRA upcast (meant for the norms) would make them fp32, one after the other: they sit it out,
+    the same tensors (never copied: on an 80 GB GPU gpt-oss-20b's would not fit in fp32), the norms fp32, and a
+    step runs under autocast with LoRA gradients. The memory estimate takes the experts at 2
     bytes: Qwen3-30B-A3B's 48 x 128 x 3 x 2048 x 768 = 28.99B of them alone are 54 GiB (the nf4 rate would
     have said 13.9)."""
     from transformers import AutoModelForCausalLM
@@ -184,10 +185,13 @@ def test_moe_experts_stay_16bit_in_a_quantised_cell_and_the_estimate_counts_them
     torch.manual_seed(0)
     cfg = checkpoint_config("qwen3_moe")
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    storage = {n[n.index("layers."):]: p.data_ptr() for n, p in model.named_parameters() if ".experts." in n}
     lora = OmegaConf.to_object(compose_cfg([])).lora
     model = modeling.apply_lora(model, lora, Precision.nf4, gradient_checkpointing=False)
     experts = {n: p for n, p in model.named_parameters() if ".experts." in n}
     assert experts and {p.dtype for p in experts.values()} == {torch.bfloat16}
+    assert {n[n.index("layers."):]: p.data_ptr() for n, p in experts.items()} == storage
+    assert not any(p.requires_grad for p in experts.values())
     assert {p.dtype for n, p in model.named_parameters() if "norm" in n} == {torch.float32}
     assert modeling.count_params(model)["experts_unquantised"] == sum(p.numel() for p in experts.values()) \
         == Architecture.from_hf_config(cfg).expert_params()

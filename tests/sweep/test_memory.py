@@ -80,3 +80,27 @@ def test_unsloth_s_offloaded_checkpointing_is_its_plan():
     c = OmegaConf.to_object(compose_cfg([*LLAMA, "backend=unsloth", "train.gradient_checkpointing=true",
                                          "backend.unsloth_offload=false"]))
     assert plan_of(c) == Plan(1.0, 0.0, False, 0)
+
+
+def test_lora_on_experts_holds_each_kept_layer_s_merged_expert_weights_whatever_the_batch():
+    """PEFT's adapters on gpt-oss-20b's 3-D experts make each layer's experts' weights plus the adapters' product, a
+    bf16 tensor as large as the experts, which a layer keeps for its backward: 24 layers keep 2 bytes x every expert
+    weight, a recomputed model holds only the layer in its backward (its merged weights and their gradient). None
+    of it grows with the batch. On an 80 GB GPU that is what decides: nothing recomputed runs out at batch 1 (as
+    every such cell did on an H100), every layer recomputed fits batch 4."""
+    from lorabench.models import architecture_of
+
+    experts = ["model=gpt-oss-20b", "precision=nf4", "data=synthetic", "backend=fast", "lora.experts=true",
+               "lora.dropout=0"]
+    c = OmegaConf.to_object(compose_cfg(experts))
+    mm, attention_only = MemoryModel.of(c), MemoryModel.of(OmegaConf.to_object(compose_cfg(experts[:-2])))
+    merged = architecture_of(c.model).expert_params() * 2 / GIB  # 19.1B expert weights in bf16: 35.6 GiB
+    layer = merged / 24
+    assert mm.layout_gib(Plan(), 1024) == pytest.approx(merged + 2 * layer)
+    assert mm.layout_gib(Plan(1.0), 1024) == pytest.approx(2 * layer)
+    assert mm.layout_gib(Plan(0.5, 0.5), 1024) == pytest.approx(2 * layer)  # the offloaded half's wait on the host
+    assert mm.breakdown(Plan(0.5, 0.5), 1024).host - attention_only.breakdown(Plan(0.5, 0.5), 1024).host \
+        == pytest.approx(merged / 2)
+    assert mm.per_sample_gib(Plan(), 1024) == pytest.approx(attention_only.per_sample_gib(Plan(), 1024))
+    assert attention_only.layout_gib(Plan(), 1024) == 0
+    assert mm.breakdown(Plan(), 1024, 1).device > 78 > mm.breakdown(Plan(1.0), 1024, 4).device

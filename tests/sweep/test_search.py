@@ -492,3 +492,21 @@ def test_tune_on_all_linear_lora_and_long_rows_proposes_only_cells_that_pass_the
                 key, value = o.split("=", 1)
                 OmegaConf.update(cell, key, yaml.safe_load(value), merge=False)
             check_values(OmegaConf.to_object(cell))
+
+
+def test_what_a_layout_holds_whatever_the_batch_moves_the_first_cell_to_one_that_fits():
+    """LoRA on an MoE model's experts: each layer that keeps its activations also keeps its merged expert weights
+    (36 GiB over all layers on gpt-oss-20b; lorabench.sweep.memory), whatever the batch. With that in each layout's
+    estimate the search's first cell on an 80 GB GPU is one that fits; without it, one that runs out of memory."""
+    class Experts(Gpu):
+        def peak(self, L, b):
+            return super().peak(L, b) + 36.0 * (1 - L.saves[0] - L.saves[1])
+
+    gpu = Experts(budget=78.0, fixed=40.0, per_sample=lambda r, o: 0.5 * (1 - r - o) + 0.05)
+    plain = layouts(gpu.per_sample)
+    held = [Layout(L.label, (), L.saves, L.gib_per_sample, gib_fixed=36.0 * (1 - sum(L.saves))) for L in plain]
+    search(Space(plain, BATCHES, gpu.budget, fixed_gib=40.0, max_cells=4), gpu.measure)
+    assert gpu.calls[0][2] == "oom"
+    gpu.calls.clear()
+    out = search(Space(held, BATCHES, gpu.budget, fixed_gib=40.0, max_cells=4), gpu.measure)
+    assert gpu.calls[0][2] == "ok" and out.best is not None

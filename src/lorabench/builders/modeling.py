@@ -263,10 +263,10 @@ def apply_lora(model, lora: LoraConfig, precision: Precision, gradient_checkpoin
 
     if precision in QUANTISED and upcast_fp32:
         # The QLoRA recipe: norms and the output head in fp32, input grads on for checkpointing.
-        model = prepare_model_for_kbit_training(
-            model, use_gradient_checkpointing=gradient_checkpointing,
-            gradient_checkpointing_kwargs={"use_reentrant": False})
-        keep_experts_16bit(model, WEIGHT_DTYPE[precision])
+        with experts_set_aside(model):
+            model = prepare_model_for_kbit_training(
+                model, use_gradient_checkpointing=gradient_checkpointing,
+                gradient_checkpointing_kwargs={"use_reentrant": False})
     # The architecture's own names: q/k/v asked for on Phi-3's fused qkv_proj land on it (checks refused the rest).
     arch = Architecture.from_hf_config(model.config)
     targets = arch.resolve_lora_targets(lora.target_modules)
@@ -312,21 +312,30 @@ def targets_as_named():
         conversion.convert_peft_config_for_transformers = original
 
 
-def keep_experts_16bit(model, dtype: torch.dtype) -> None:
-    """An MoE model's frozen expert weights back at `dtype` after PEFT's QLoRA upcast (count_params counts them).
+@contextlib.contextmanager
+def experts_set_aside(model):
+    """An MoE model's frozen expert weights out of the model while PEFT's QLoRA upcast runs, then back as they were.
 
     bitsandbytes quantises nn.Linear layers only, and transformers 5 stores each MoE layer's experts as
     3-D parameters of one module: in an nf4 or int8 cell they load in bf16. prepare_model_for_kbit_training
-    then casts every 16-bit parameter that is not a 4-bit one to fp32, meant for norms, and the experts
-    with them: Qwen3-30B-A3B's 28.99B expert weights would take 116 GB in fp32 against 58 GB in bf16, and
-    its grouped GEMMs would run in fp32. transformers' expert kernels cast their input to the weights'
-    dtype (integrations/moe.py), so the fp32 norms' output meets bf16 experts as it meets bf16 layers."""
+    casts every 16-bit parameter that is not a 4-bit one to fp32, meant for norms, and the experts with them, one
+    after the other: gpt-oss-20b's 19.1B expert weights would pass 38 GB in bf16 on their way to 76 GB in fp32 (an
+    80 GB GPU runs out before its last layer), Qwen3-30B-A3B's 29.0B 116 GB, and the grouped GEMMs would run in
+    fp32. transformers' expert kernels cast their input to the weights' dtype (integrations/moe.py), so the fp32
+    norms' output meets bf16 experts as it meets bf16 layers. The experts come back frozen, the same tensors."""
+    aside = []
     for name, module in model.named_modules():
-        if not name.endswith("experts"):
-            continue
-        for p in module.parameters(recurse=False):
-            if p.ndim == 3 and not p.requires_grad and p.is_floating_point() and p.dtype != dtype:
-                p.data = p.data.to(dtype)
+        if name.endswith("experts"):
+            for key, p in list(module._parameters.items()):
+                if p is not None and p.ndim == 3 and p.is_floating_point():
+                    aside.append((module, key, p))
+                    del module._parameters[key]
+    try:
+        yield
+    finally:
+        for module, key, p in aside:
+            p.requires_grad_(False)  # as PEFT freezes every base parameter
+            module._parameters[key] = p
 
 
 def count_params(model) -> dict:

@@ -256,7 +256,7 @@ class Architecture:
     def expert_params(self) -> int:
         """An MoE model's expert weights, every expert of every MoE layer (0 for a dense model). transformers 5
         stores them as 3-D parameters, which bitsandbytes does not quantise: they stay 16-bit in nf4 and int8
-        cells (lorabench.builders.modeling.keep_experts_16bit)."""
+        cells (lorabench.builders.modeling.experts_set_aside)."""
         if self.census is not None:
             return sum(e * a * b for layer in self.census.layers for _, e, a, b in layer.experts)
         return sum(self.moe_layers) * self.num_experts * 3 * self.hidden * self.expert_intermediate

@@ -14,6 +14,10 @@ Per token of a row and per decoder layer (w: the compute dtype's bytes, 2 in bf1
               in a bf16 one (fast, Unsloth); with offloaded checkpoints (train.offload_checkpoints, Unsloth's
               "unsloth") ~0 on the GPU, the input waits in pinned host memory
   offloaded   a layer whose saved activations wait in host memory (train.offload_fraction): ~0 on the GPU
+Per MoE layer with LoRA on its experts (lora.experts), whatever the tokens: PEFT's adapters on the 3-D expert weights
+make the weights plus the adapters' product, a new [experts x out x in] tensor at the compute dtype, each forward;
+a layer that keeps its activations keeps it for its backward (gpt-oss-20b: 1.6 GB a layer, 38 GB over 24), the
+layer in its backward holds it and its gradient.
 Per token, once:
   working     the layer in its backward (the one being recomputed, with checkpointing) holds its activations
               and their gradients: 2 x kept; with the MLP tiled (backend.tiled_mlp) its [tokens x
@@ -119,13 +123,18 @@ class MemoryModel:
     tokens: TokenBytes
     weights_gib: float
     lora_gib: float
+    experts_gib: float = 0.0  # lora.experts: every MoE layer's merged expert weights together (see above)
+    expert_layers: int = 0  # the MoE layers they are spread over
 
     @classmethod
     def of(cls, c) -> "MemoryModel":
         from lorabench.models import architecture_of
 
         a = architecture_of(c.model)  # the checkpoint's shape with model.path
-        return cls(a.layers, token_bytes_of(c, a), weights_gib_of(c, a), lora_gib_of(c, a))
+        w = 4 if c.precision.name.value == "fp32" else 2  # the merged weights' dtype: the experts' own (16-bit)
+        merged = a.expert_params() * w if c.lora.experts else 0.0
+        return cls(a.layers, token_bytes_of(c, a), weights_gib_of(c, a), lora_gib_of(c, a), merged / GIB,
+                   sum(a.moe_layers))
 
     @property
     def fixed_gib(self) -> float:
@@ -139,18 +148,25 @@ class MemoryModel:
         tile = tb.mlp * min(plan.tile, tokens) if plan.tile else 0.0
         inputs = n * plan.recomputed * tb.recomputed * tokens
         logits = tb.logits * tokens
+        one_layer = self.experts_gib / max(self.expert_layers, 1)  # a layer's merged expert weights
         return Breakdown(
             weights=self.weights_gib, lora=self.lora_gib,
-            kept=n * kept_frac * per_layer * tokens / GIB,
+            kept=n * kept_frac * per_layer * tokens / GIB + kept_frac * self.experts_gib,
             inputs=0.0 if plan.inputs_offloaded else inputs / GIB,
-            working=2 * (per_layer * tokens + tile) / GIB,
+            working=2 * (per_layer * tokens + tile) / GIB + 2 * one_layer,
             logits=(min(logits, tb.logits_cap) if tb.logits_cap else logits) / GIB,
             mask=batch * seq_len**2 / GIB if tb.mask else 0.0, slack=SLACK_GIB,
-            host=(n * plan.offloaded * per_layer * tokens + (inputs if plan.inputs_offloaded else 0.0)) / GIB)
+            host=(n * plan.offloaded * per_layer * tokens + (inputs if plan.inputs_offloaded else 0.0)) / GIB
+            + plan.offloaded * self.experts_gib)
 
     def per_sample_gib(self, plan: Plan, seq_len: int) -> float:
         """What one more row of seq_len tokens adds (the batch search's memory per sample)."""
-        return self.breakdown(plan, seq_len, 1).activations
+        return self.breakdown(plan, seq_len, 1).activations - self.layout_gib(plan, seq_len)
+
+    def layout_gib(self, plan: Plan, seq_len: int) -> float:
+        """What the plan holds whatever the batch: the merged expert weights of the layers it keeps and of the layer
+        in its backward (lora.experts), else 0."""
+        return self.breakdown(plan, seq_len, 0).activations
 
 
 def token_bytes_of(c, a) -> TokenBytes:

@@ -83,6 +83,7 @@ class Layout:
     saves: tuple[float, ...]
     gib_per_sample: float  # the estimate's activation memory per sample at this layout (GiB)
     plan: memory.Plan = memory.Plan()  # what the memory model was told of the layout
+    gib_fixed: float = 0.0  # what the layout holds whatever the batch (MemoryModel.layout_gib), GiB
 
     def uses_no_less_than(self, other: "Layout") -> bool:
         """At the same batch this layout needs at least the memory of `other` (it saves no more)."""
@@ -160,8 +161,8 @@ class Search:
         """(fixed GiB, scale of the per-sample estimate) from the ok cells' peaks: a least-squares line
         over (estimated activations, peak) when two or more differ, else the estimate's fixed part
         and the scale through the one point; every OOM cell then held above the budget."""
-        pts = [(self.by_label[t.layout].gib_per_sample * t.batch, t.peak_gib) for t in self.out.trials
-               if t.status == "ok" and t.peak_gib is not None and t.job is not None]
+        pts = [(self.by_label[t.layout].gib_per_sample * t.batch, t.peak_gib - self.by_label[t.layout].gib_fixed)
+               for t in self.out.trials if t.status == "ok" and t.peak_gib is not None and t.job is not None]
         fixed, scale = self.s.fixed_gib, 1.0
         if len({x for x, _ in pts}) >= 2:
             mx, my = sum(x for x, _ in pts) / len(pts), sum(y for _, y in pts) / len(pts)
@@ -175,8 +176,8 @@ class Search:
         if self.budget:
             for t in self.out.trials:
                 if t.status == "oom" and t.job is not None:
-                    x = self.by_label[t.layout].gib_per_sample * t.batch
-                    scale = max(scale, (self.budget - fixed) / x * 1.01)
+                    L = self.by_label[t.layout]
+                    scale = max(scale, (self.budget - fixed - L.gib_fixed) / (L.gib_per_sample * t.batch) * 1.01)
         return (fixed, scale) if pts else None
 
     def predict(self, L: Layout, b: int) -> float:
@@ -193,9 +194,10 @@ class Search:
             return own[-1].peak_gib + per_sample * (b - own[-1].batch)
         if own:
             t = own[-1]
-            per_sample = (t.peak_gib - fixed) / t.batch if t.peak_gib > fixed else scale * L.gib_per_sample
+            base = fixed + L.gib_fixed
+            per_sample = (t.peak_gib - base) / t.batch if t.peak_gib > base else scale * L.gib_per_sample
             return t.peak_gib + per_sample * (b - t.batch)
-        return fixed + scale * L.gib_per_sample * b
+        return fixed + L.gib_fixed + scale * L.gib_per_sample * b
 
     def fits_estimate(self, L: Layout, b: int) -> bool:
         margin = FIT_MARGIN if self.calibration() is None else FIT_MARGIN / 4  # measured peaks: a tighter start
@@ -426,13 +428,13 @@ def long_layouts(c, mm: memory.MemoryModel) -> list[Layout]:
             "train.offload_checkpoints=true")
     plan = memory.Plan(1.0, 0.0, True, 0)
     out = [Layout(layout_label(1, 0, True), base, (1, 1, 0),
-                  mm.per_sample_gib(plan, c.seq_len), plan)]
+                  mm.per_sample_gib(plan, c.seq_len), plan, mm.layout_gib(plan, c.seq_len))]
     if c.backend.name is Backend.fast:
         tiled = memory.Plan(1.0, 0.0, True, MLP_TILE)
         small_chunks = memory.MemoryModel.of(replace(c, backend=replace(c.backend, ce_chunk_mem=1)))
         out.append(Layout(layout_label(1, 0, True, MLP_TILE),
                           base + (f"backend.tiled_mlp={MLP_TILE}", "backend.ce_chunk_mem=1"), (1, 1, 1),
-                          small_chunks.per_sample_gib(tiled, c.seq_len), tiled))
+                          small_chunks.per_sample_gib(tiled, c.seq_len), tiled, mm.layout_gib(tiled, c.seq_len)))
     return out
 
 
@@ -459,7 +461,7 @@ def layouts(c, budget_gib: float | None = None) -> list[Layout]:
                        mm.per_sample_gib(offloaded, c.seq_len), offloaded)]
     out = [Layout(layout_label(r, o), (f"train.gradient_checkpointing={str(r > 0).lower()}",
                                        f"train.checkpoint_fraction={r:g}", f"train.offload_fraction={o:g}"),
-                  (r, o, 0), per_sample(r, o), memory.Plan(r, o))
+                  (r, o, 0), per_sample(r, o), memory.Plan(r, o), mm.layout_gib(memory.Plan(r, o), c.seq_len))
            for r in sorted(set(c.search.checkpoint_fractions)) for o in sorted(set(c.search.offload_fractions))
            if r + o <= 1 + 1e-9]
     out = sorted(out, key=lambda L: (sum(L.saves), L.saves[0]))

@@ -94,7 +94,12 @@ def checkpoints() -> str:
         "Gemma-4-31B and gpt-oss-20b on the whole GPU (`gpu=auto`, at most 3 cells): gpt-oss's experts stay bf16 "
         "under nf4 (bitsandbytes quantises linear layers, and transformers holds the experts as 3-D tensors). "
         "Unsloth's Gemma-4 cells failed in lorabench's census of the model, on the proxy in which Unsloth hands out "
-        "Gemma 4's text config (it has no from_dict); such a config is now read as its model_type's class.",
+        "Gemma 4's text config (it has no from_dict); such a config is now read as its model_type's class. "
+        "gpt-oss-20b's cells ran out of memory for two reasons found here and fixed after: hf's QLoRA upcast cast "
+        "the bf16 experts to fp32 one after the other before they were cast back (every hf cell stopped at the same "
+        "allocation, one layer's gate/up experts in fp32), and the memory model left out the merged expert "
+        "weights (the experts plus their adapters' product) that PEFT's adapters keep in every layer that is not "
+        "recomputed, so both searches began with no layer recomputed.",
         whole_gpu(),
         "The family GPU test (`pytest -m gpu tests/fast/test_fast_arch.py -k 2026_families`, the delta rule "
         f"compiled): {family_tests(RUN)} ({link(RUN + '/gpu_tests.txt')}). The same gradients with each fast part "
