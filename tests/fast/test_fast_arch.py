@@ -605,3 +605,24 @@ def test_compile_delta_rule_computes_qwen3_5_s_gated_delta_rule_through_one_comp
     assert len(rules) == 1 and reference not in rules
     assert loss == loss_ref and g.keys() == g_ref.keys()
     assert all(torch.equal(g[n], g_ref[n]) for n in g_ref), [n for n in g_ref if not torch.equal(g[n], g_ref[n])]
+
+
+def test_the_compiled_delta_rule_keeps_its_matmuls_in_float32_under_a_bf16_cell_s_autocast():
+    """transformers' rule casts its inputs to float32, but a bf16 cell's autocast would run its matmuls in bf16: the
+    compiled rule (compile_delta_rule) runs with autocast off, so under autocast it gives what the rule gives in
+    float32 outside any autocast, bit for bit here, and not what the rule gives under autocast."""
+    from transformers.models.qwen3_5 import modeling_qwen3_5
+
+    from lorabench.fast import delta_rule
+
+    rule = modeling_qwen3_5.torch_chunk_gated_delta_rule
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 128, 2, 32, generator=g).bfloat16() for _ in range(3))
+    decay, beta = -torch.rand(1, 128, 2, generator=g), torch.rand(1, 128, 2, generator=g).bfloat16()
+    args, kwargs = (q, k, v), {"g": decay, "beta": beta, "use_qk_l2norm_in_kernel": True}
+    torch._dynamo.reset()
+    compiled = torch.compile(delta_rule.in_float32(rule), backend=lambda gm, example_inputs: gm.forward)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ours, under_autocast = compiled(*args, **kwargs)[0], rule(*args, **kwargs)[0]
+    in_float32 = rule(*args, **kwargs)[0]
+    assert torch.equal(ours, in_float32) and not torch.equal(under_autocast, in_float32)

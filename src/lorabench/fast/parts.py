@@ -555,8 +555,9 @@ PARTS = (
          Stage.AFTER_LORA, Cuda.FALLBACK, lacks=_add_norm_lacks, apply=_apply_add_norm),
     Part("compile_delta_rule", "the chunked gated delta rule of linear-attention layers (Qwen3.5's Gated "
          "DeltaNet) where flash-linear-attention does not compute it: transformers' PyTorch function through "
-         "torch.compile, the same operations with its float32 elementwise steps fused around the matmuls and "
-         "recomputed in the backward instead of kept (lorabench.fast.delta_rule)", Stage.AFTER_LORA, Cuda.ONLY,
+         "torch.compile, the same operations with its elementwise steps fused around the matmuls and recomputed in "
+         "the backward instead of kept, in float32 throughout as the function casts its inputs (autocast would run "
+         "its matmuls in bf16; lorabench.fast.delta_rule)", Stage.AFTER_LORA, Cuda.ONLY,
          apply=_apply_delta_rule),
     Part("seeded_dropout", "LoRA dropout's masks drawn from a seed and drawn again in the backward, none kept (a "
          "bool mask is 1 byte per element: 32 MiB per projection at 16 x 512 tokens of 4,096 features; "

@@ -87,7 +87,8 @@ def checkpoints() -> str:
         "paged_adamw_8bit, synthetic rows). Qwen3.5-9B within 22 GiB (`gpu=a10`), its adapters on q/k/v/o of its 8 "
         "full-attention layers; its 24 Gated DeltaNet layers ran transformers' PyTorch rule (flash-linear-attention "
         "refuses Hopper GPUs under Triton 3.6), which `compile_delta_rule` runs through torch.compile. That part is "
-        "off in `fast`: with it, the family GPU test failed on one gate gradient (below). Unsloth was refused by "
+        "off in `fast`: with it (compiled under the cell's autocast, its matmuls in bf16; it now keeps them in "
+        "float32), the family GPU test failed on one gate gradient (below). Unsloth was refused by "
         "lorabench's own check, which took the copy of flash-linear-attention that Unsloth carries (and patches for "
         "Hopper) for the package that refuses; that copy is now left to Unsloth.",
         qwen35(),
