@@ -26,6 +26,7 @@ from lorabench.models.families import Family, family
 TOP_K = ("num_experts_per_tok", "top_k_experts", "moe_topk")
 # Layer kinds of a config's layer_types whose attention is not quadratic in the sample's length.
 LINEAR_KINDS = ("linear_attention",)
+LINEAR_HEADS = ("linear_num_value_heads", "linear_num_key_heads", "linear_key_head_dim", "linear_value_head_dim")
 
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")
@@ -68,6 +69,8 @@ class Architecture:
     residual_dropout: float = 0.0  # dropout on the residual branches (Phi-3's resid_pdrop)
     attn_sinks: bool = False  # a learnt sink logit per head in the softmax (gpt-oss)
     linear_attention: bool = False  # some layers carry a state along the row (Qwen3.5's Gated DeltaNet)
+    # a linear-attention layer's (value heads, key heads, key dim, value dim), () without one
+    linear_heads: tuple = ()
     gated_mlp: bool = False  # its dense MLP is Llama's gated MLP (the family's row)
     offline_tokenizer: str | None = None  # the family's tokenizer that ships offline at this vocabulary
     no_tokenizer: str = ""  # why none ships, where the family's row knows
@@ -154,7 +157,8 @@ class Architecture:
             rope_theta=float(rope.get("rope_theta", 0.0) or 0.0), lora_targets=_adaptable(c, experts),
             bidirectional=bool(_key(cfg, "use_bidirectional_attention")),
             residual_dropout=float(_key(cfg, "resid_pdrop") or 0.0),
-            attn_sinks=fam.attn_sinks, known=fam.known, census=c, **_row_facts(fam, cfg.vocab_size))
+            attn_sinks=fam.attn_sinks, known=fam.known, census=c, **_row_facts(fam, cfg.vocab_size),
+            linear_heads=tuple(_key(cfg, k) for k in LINEAR_HEADS) if fam.linear_attention else ())
 
     @classmethod
     def from_dict(cls, d: dict) -> "Architecture":
@@ -327,6 +331,10 @@ class Architecture:
             h, f, k = self.hidden, self.expert_intermediate, self.experts_per_token
             shapes += [(h, f, 2 * k * n_moe), (f, h, k * n_moe)]
         return shapes + [(self.hidden, self.vocab, 1)]
+
+    def linear_layers(self) -> int:
+        """Decoder layers whose attention is linear (their window 0: no attention over pairs)."""
+        return sum(w == 0 for w in self.windows)
 
     def activation_width(self) -> int:
         """Values per token that a decoder layer keeps for its backward pass, about: its input, the

@@ -125,3 +125,31 @@ def _layer(layer) -> LayerCensus:
         if hasattr(m, "head_k_dim") and hasattr(m, "head_v_dim") and hasattr(m, "num_v_heads"):
             state = m.num_v_heads * m.head_k_dim * m.head_v_dim
     return LayerCensus(tuple(linear), tuple(experts), attention, state, tuple(odd))
+
+
+@functools.lru_cache(maxsize=8)
+def delta_rule_bytes(heads: tuple) -> float:
+    """Bytes a token of transformers' PyTorch chunked gated delta rule (Qwen3.5's linear attention, where
+    flash-linear-attention does not compute it) keeps for its backward under a bf16 cell's autocast: q, k and v in
+    float32, each chunk's [64 x 64] decay and UT-transform matrices per head, the solved values and keys, the
+    recurrent state at each chunk's start. Measured, not written out: the saved tensors of one row of 128 tokens on
+    the CPU (the same per token at any length: everything it keeps is per chunk of 64 tokens), for `heads` =
+    (value heads, key heads, key dim, value dim) as Architecture.linear_heads holds them."""
+    import torch
+    from transformers.models.qwen3_5 import modeling_qwen3_5
+
+    v_heads, _, k_dim, v_dim = heads
+    tokens, g = 128, torch.Generator().manual_seed(0)
+    q, k = (torch.randn(1, tokens, v_heads, k_dim, generator=g).bfloat16().requires_grad_() for _ in range(2))
+    v = torch.randn(1, tokens, v_heads, v_dim, generator=g).bfloat16().requires_grad_()
+    decay = (-torch.rand(1, tokens, v_heads, generator=g)).requires_grad_()
+    beta = torch.rand(1, tokens, v_heads, generator=g).bfloat16().requires_grad_()
+    kept = {}
+
+    def pack(t):  # a tensor saved twice, or a view of one, is held once: by its storage
+        kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        modeling_qwen3_5.torch_chunk_gated_delta_rule(q, k, v, g=decay, beta=beta, use_qk_l2norm_in_kernel=True)
+    return sum(kept.values()) / tokens

@@ -10,6 +10,8 @@ Per token of a row and per decoder layer (w: the compute dtype's bytes, 2 in bf1
               MLP's two [tokens x intermediate] tensors (Architecture.activation_width x w); under PEFT's LoRA
               layers (hf) with dropout, each adapted projection's dropped-out input and its mask (in_features
               x (w + 1)): on every linear layer (lora=all_linear) that is 6 x hidden + intermediate values more
+              a linear-attention layer (Qwen3.5's, through transformers' PyTorch rule) also the rule's float32
+              chunks, measured (lorabench.models.census.delta_rule_bytes); `kept` is then the mean over the layers
   recomputed  a recomputed layer keeps its input: hidden x 4 bytes in QLoRA's fp32 residual stream (hf), x w
               in a bf16 one (fast, Unsloth); with offloaded checkpoints (train.offload_checkpoints, Unsloth's
               "unsloth") ~0 on the GPU, the input waits in pinned host memory
@@ -77,6 +79,8 @@ class TokenBytes:
     logits: float  # the loss's
     logits_cap: float | None = None  # bytes the loss holds at most (Unsloth's chunks), None: no cap
     mask: bool = False  # a [seq x seq] bool attention mask a row
+    rule: float = 0.0  # a linear-attention layer's delta rule, through transformers' PyTorch path (in `kept`
+    rule_share: float = 0.0  # at this share of the layers: `kept` is the mean over the layers)
 
 
 @dataclass(frozen=True)
@@ -145,6 +149,10 @@ class MemoryModel:
         tb, n, tokens = self.tokens, self.layers, batch * seq_len
         kept_frac = max(0.0, 1.0 - plan.recomputed - plan.offloaded)
         per_layer = tb.kept - (tb.mlp if plan.tile else 0.0)  # tiled: the MLP's tensors recomputed tile by tile
+        # the layer in its backward: its activations and their gradients, and a linear-attention layer's rule once
+        # (the gradients of its float32 chunks are formed op by op, not held together: the H100's measured peaks of
+        # Qwen3.5-9B fit once, not twice; tests/sweep/test_memory.py)
+        layer = per_layer - tb.rule_share * tb.rule
         tile = tb.mlp * min(plan.tile, tokens) if plan.tile else 0.0
         inputs = n * plan.recomputed * tb.recomputed * tokens
         logits = tb.logits * tokens
@@ -153,7 +161,7 @@ class MemoryModel:
             weights=self.weights_gib, lora=self.lora_gib,
             kept=n * kept_frac * per_layer * tokens / GIB + kept_frac * self.experts_gib,
             inputs=0.0 if plan.inputs_offloaded else inputs / GIB,
-            working=2 * (per_layer * tokens + tile) / GIB + 2 * one_layer,
+            working=(2 * (layer * tokens + tile) + tb.rule * tokens) / GIB + 2 * one_layer,
             logits=(min(logits, tb.logits_cap) if tb.logits_cap else logits) / GIB,
             mask=batch * seq_len**2 / GIB if tb.mask else 0.0, slack=SLACK_GIB,
             host=(n * plan.offloaded * per_layer * tokens + (inputs if plan.inputs_offloaded else 0.0)) / GIB
@@ -173,6 +181,7 @@ def token_bytes_of(c, a) -> TokenBytes:
     """c's per-token bytes on architecture `a` (the module's docstring)."""
     from lorabench.builders.data import packs
     from lorabench.core.config import Backend, DataKind, Precision
+    from lorabench.models import census
 
     b = c.backend
     w = 4 if c.precision.name is Precision.fp32 else 2
@@ -180,6 +189,9 @@ def token_bytes_of(c, a) -> TokenBytes:
     ff = a.experts_per_token * a.expert_intermediate if a.is_moe else a.intermediate
     dropout = dropout_bytes(c, a, w) if hf_like and c.lora.dropout > 0 else 0.0
     kept = a.activation_width() * w + dropout
+    # Qwen3.5's linear-attention layers through transformers' PyTorch rule keep its float32 chunks too (Unsloth
+    # brings flash-linear-attention's kernels)
+    rule = census.delta_rule_bytes(a.linear_heads) if a.linear_heads and not unsloth else 0.0
     recomputed = a.hidden * (4 if b.upcast_fp32 and not unsloth else w)
     if "fused_linear_cross_entropy" in b.liger or (b.name is Backend.fast and b.chunked_loss):
         logits, cap = w * b.ce_chunk_mem * a.hidden, None
@@ -190,7 +202,8 @@ def token_bytes_of(c, a) -> TokenBytes:
     # transformers builds a [seq x seq] mask for SDPA where a row has padding or several samples
     mask = (hf_like and c.model.attn_implementation == "sdpa"
             and (c.data.kind is not DataKind.synthetic or packs(c)))
-    return TokenBytes(kept, 2 * ff * w, recomputed, logits, cap, mask)
+    share = a.linear_layers() / a.layers
+    return TokenBytes(kept + share * rule, 2 * ff * w, recomputed, logits, cap, mask, rule, share)
 
 
 def dropout_bytes(c, a, w: int) -> float:
