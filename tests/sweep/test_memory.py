@@ -108,7 +108,8 @@ def test_lora_on_experts_holds_each_kept_layer_s_merged_expert_weights_whatever_
     assert mm.breakdown(Plan(), 1024, 1).device > 78 > mm.breakdown(Plan(1.0), 1024, 4).device
 
 
-@pytest.mark.parametrize("sweep", ["2026-12-06_h100_recipes/qwen3.5-9b_fast", "2026-12-06_h100_checkpoints/qwen3.5-9b_hf"])
+@pytest.mark.parametrize("sweep", ["2026-12-06_h100_recipes/qwen3.5-9b_fast",
+                                   "2026-12-06_h100_checkpoints/qwen3.5-9b_hf"])
 def test_qwen3_5_s_linear_attention_puts_each_measured_cell_on_its_side_of_the_budget(sweep):
     """Qwen3.5-9B's 24 Gated DeltaNet layers through transformers' PyTorch rule keep its float32 chunks, about 3x what
     their projections keep (measured: lorabench.models.census.delta_rule_bytes). Each cell the searches of these run

@@ -53,7 +53,7 @@ def _patchable(module) -> bool:
 def patch(model, backend="inductor") -> int:
     """Each Gated DeltaNet layer of `model` computes the rule through one torch.compile of transformers'
     function (one per modeling module: Qwen3.5 and Qwen3.5-MoE each have theirs). `backend`: torch.compile's
-    (the tests pass a counting one). Returns the number of layers patched.
+    (the tests pass one that runs the traced graph as it is). Returns the number of layers patched.
 
     The forward is unwrapped from transformers' force_accelerate_hooks, which fires the hooks of an accelerate
     device map on conv1d; a layer whose conv1d has such a hook (weights offloaded by a device map) is left as it is."""
