@@ -135,8 +135,8 @@ class MemoryModel:
         from lorabench.models import architecture_of
 
         a = architecture_of(c.model)  # the checkpoint's shape with model.path
-        w = 4 if c.precision.name.value == "fp32" else 2  # the merged weights' dtype: the experts' own (16-bit)
-        merged = a.expert_params() * w if c.lora.experts else 0.0
+        # the merged weights are at the experts' own dtype, the compute dtype's width (16-bit in nf4 and int8 cells)
+        merged = a.expert_params() * compute_width(c) if c.lora.experts else 0.0
         return cls(a.layers, token_bytes_of(c, a), weights_gib_of(c, a), lora_gib_of(c, a), merged / GIB,
                    sum(a.moe_layers))
 
@@ -177,14 +177,21 @@ class MemoryModel:
         return self.breakdown(plan, seq_len, 0).activations
 
 
+def compute_width(c) -> int:
+    """Bytes a value of the cell's compute dtype: 4 in fp32 cells, 2 in bf16 and the quantised ones."""
+    from lorabench.core.config import Precision
+
+    return 4 if c.precision.name is Precision.fp32 else 2
+
+
 def token_bytes_of(c, a) -> TokenBytes:
     """c's per-token bytes on architecture `a` (the module's docstring)."""
     from lorabench.builders.data import packs
-    from lorabench.core.config import Backend, DataKind, Precision
+    from lorabench.core.config import Backend, DataKind
     from lorabench.models import census
 
     b = c.backend
-    w = 4 if c.precision.name is Precision.fp32 else 2
+    w = compute_width(c)
     unsloth, hf_like = b.name is Backend.unsloth, b.name in (Backend.hf, Backend.liger)
     ff = a.experts_per_token * a.expert_intermediate if a.is_moe else a.intermediate
     dropout = dropout_bytes(c, a, w) if hf_like and c.lora.dropout > 0 else 0.0
