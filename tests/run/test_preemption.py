@@ -4,6 +4,8 @@ cell and in a DDP rank. The subprocess tests (a real SIGINT or SIGTERM) are in t
 
 import os
 import signal
+import threading
+import time
 
 import pytest
 from conftest import FAST, compose_cfg
@@ -11,6 +13,7 @@ from omegaconf import OmegaConf
 
 from lorabench.core.results import CellResult, Status, read_result
 from lorabench.run import cell
+from lorabench.run.guard import Guard, HostMemoryExceeded
 from lorabench.run.preemption import Preemption, StepAborted, Stopped
 
 
@@ -54,6 +57,36 @@ def test_without_a_grace_period_the_step_is_stopped_in_the_signal_handler():
         assert isinstance(guard.stopped, StepAborted) and p._timer is None
         raise guard.stopped
     assert p.aborted and "had not ended 0 s after the signal" in p.stopped_message(3, None, "checkpoints")
+
+
+def pad_as_the_tokenizer_does(wait_s: float = 5.0):
+    """transformers' BatchEncoding.convert_to_tensors: any error while it builds the tensors comes out as
+    its own ValueError. The guard's exception may be raised at any instruction, this one's too."""
+    try:
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:  # the guard's SIGUSR1 is handled between two of these
+            time.sleep(0.001)
+    except Exception as e:
+        raise ValueError("Unable to create tensor, you should probably activate truncation and/or padding") from e
+
+
+def test_a_step_stopped_inside_a_library_that_rewraps_errors_is_still_recorded_as_stopped():
+    """With no grace period the signal stops the step at whatever instruction runs, here inside code that
+    turns every Exception into a ValueError: the loop still ends with StepAborted (the cell `interrupted`,
+    exit 4), never with the library's error (`failed`, exit 2)."""
+    p, guard = Preemption(), Guard(limit_gib=1e6)
+    with p.cell(), p.training(guard, grace_s=0), guard:
+        p._on_signal(signal.SIGTERM, None)  # the handler asks the guard: SIGUSR1 to this (the main) thread
+        pad_as_the_tokenizer_does()
+    assert p.aborted and isinstance(guard.raised, StepAborted)
+
+
+def test_host_memory_over_the_limit_inside_a_library_that_rewraps_errors_is_recorded_as_such():
+    guard = Guard(limit_gib=1e6)
+    with pytest.raises(HostMemoryExceeded) as caught, guard:
+        threading.Timer(0.05, guard.stop, args=(HostMemoryExceeded("host memory: over"),)).start()
+        pad_as_the_tokenizer_does()
+    assert isinstance(caught.value.__cause__, ValueError)  # the library's error kept as its cause
 
 
 def test_a_signal_outside_the_step_stops_the_cell_and_between_cells_only_the_sweep():

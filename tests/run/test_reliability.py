@@ -116,7 +116,7 @@ def test_sigterm_in_a_step_that_outlives_the_grace_period_stops_it_and_the_rerun
     run_dir = tmp_path / "stopped"
     t0 = time.time()
     code = start_and_stop(run_dir, ["train.save_steps=5", "train.sigterm_grace_s=0"], 12, signal.SIGTERM)
-    assert code == 4, code.err  # its stderr in the message: it once exited 2 under CI's load, cause not known
+    assert code == 4, code.err  # stopped inside the collator it once came out as a ValueError
     r = read_result(run_dir)
     assert r["status"] == "interrupted" and "had not ended 0 s after the signal" in r["error"], r["error"]
     assert "newest checkpoint: checkpoint-10" in r["error"] and time.time() - t0 < 60

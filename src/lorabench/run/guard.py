@@ -14,7 +14,10 @@
 
 Both stop the step the same way: the watchdog (or the signal's timer) names an exception and sends
 SIGUSR1 to the main thread, whose handler raises it there at the next Python instruction (between
-two operators), only while the guarded region runs; after it, a late signal does nothing.
+two operators), only while the guarded region runs; after it, a late signal does nothing. That
+instruction may lie inside a library's `except Exception: raise ValueError(...)` (the tokenizer's
+padding in the collator turns any error into "Unable to create tensor"): whatever leaves the region
+after the guard raised is replaced by what the guard raised, so the cell is recorded for its cause.
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ class Guard:
         self.peak_gib = 0.0
         self._proc = psutil.Process()
         self._pending: BaseException | None = None
+        self.raised: BaseException | None = None  # what stop() raised in the main thread, once raised
         self._armed = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -78,12 +82,14 @@ class Guard:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, exc, tb) -> None:
         self._armed = False  # a signal that arrives from now on raises nothing
         self._stop.set()
         self._thread.join()
         if self._main:
             signal.signal(signal.SIGUSR1, self._previous)
+        if exc is not None and self.raised is not None and exc is not self.raised:
+            raise self.raised from exc  # a library caught ours and raised its own: the cause is ours
 
     def stop(self, exc: BaseException) -> None:
         """End the guarded loop with `exc`, raised in the main thread (callable from any thread)."""
@@ -94,6 +100,7 @@ class Guard:
     def _raise(self, signum, frame) -> None:
         if self._armed and self._pending is not None:
             exc, self._pending = self._pending, None
+            self.raised = exc
             raise exc
 
     def _watch(self) -> None:
