@@ -42,6 +42,30 @@ def test_the_mlp_in_tiles_trains_as_the_whole_mlp(float64, monkeypatch, backend)
     assert_grads_close(g, g_ref, SAME_MATH)
 
 
+def test_layers_recomputed_from_host_inputs_run_their_mlp_in_tiles_in_the_forward_too(float64, monkeypatch):
+    """With the inputs on the host, a layer's forward runs without autograd (the recompute builds its graph): the
+    MLP there is tiled as well, so no [tokens x intermediate] tensor of the whole row exists, and LoRA dropout draws
+    the masks its recompute draws again: the loss and gradients are those of the same tiled cell recomputed on
+    the GPU (a forward over the whole row would draw other masks than the tiles' recompute)."""
+    seen, real = [], tiled.patch_mlps
+
+    def patch_and_watch(layers, tile):  # every call of each MLP's own forward: how many tokens it got
+        n = real(layers, tile)
+        for layer in layers:
+            f = layer.mlp.lorabench_mlp_forward
+            layer.mlp.lorabench_mlp_forward = lambda x, f=f: seen.append(x.shape[-2]) or f(x)
+        return n
+
+    monkeypatch.setattr(tiled, "patch_mlps", patch_and_watch)
+    cell = [*RECOMPUTED, "backend=fast", "backend.liger=[]", "data.packing=false", "backend.tiled_mlp=8"]
+    loss_ref, g_ref, _ = lora_grads(cell, CPU)
+    seen.clear()
+    loss, g, _ = lora_grads([*cell, "train.offload_checkpoints=true"], CPU)
+    assert seen and max(seen) <= 8  # every call of the MLP: one tile of tokens at most
+    assert loss == pytest.approx(loss_ref, rel=SAME_MATH)
+    assert_grads_close(g, g_ref, SAME_MATH)
+
+
 def _hf_tiled(cell, monkeypatch):
     from lorabench.run import backends
 

@@ -25,12 +25,10 @@ class _Tiled(torch.autograd.Function):
         ctx.forward, ctx.tile = forward, tile
         kind = x.device.type
         ctx.autocast = (torch.is_autocast_enabled(kind), torch.get_autocast_dtype(kind))
-        ctx.rngs, outs = [], []
-        for part in x.split(tile, dim=-2):
-            ctx.rngs.append((torch.get_rng_state(), torch.cuda.get_rng_state(x.device) if x.is_cuda else None))
-            outs.append(forward(part))
+        ctx.rngs = []
+        out = _in_tiles(forward, tile, x, ctx.rngs)
         ctx.save_for_backward(x)
-        return torch.cat(outs, dim=-2)
+        return out
 
     @staticmethod
     def backward(ctx, grad):
@@ -50,9 +48,29 @@ class _Tiled(torch.autograd.Function):
         return None, None, dx
 
 
+def _in_tiles(forward, tile: int, x, rngs: list | None = None):
+    """forward over x's tokens, `tile` at a time, each tile's output written into the whole one (no list of tile
+    outputs beside it); rngs: where to note the RNG states each tile starts from."""
+    out = None
+    for i, part in enumerate(x.split(tile, dim=-2)):
+        if rngs is not None:
+            rngs.append((torch.get_rng_state(), torch.cuda.get_rng_state(x.device) if x.is_cuda else None))
+        y = forward(part)
+        if out is None:
+            out = y.new_empty((*x.shape[:-1], y.shape[-1]))
+        out.narrow(-2, i * tile, part.shape[-2]).copy_(y)
+    return out
+
+
 def _tiled_forward(self, x, *args, **kwargs):
-    if not torch.is_grad_enabled() or x.shape[-2] <= self.lorabench_tile or args or kwargs:
+    if x.shape[-2] <= self.lorabench_tile or args or kwargs:
         return self.lorabench_mlp_forward(x, *args, **kwargs)
+    if not torch.is_grad_enabled():
+        # A layer's first forward under a recompute that runs it without autograd (its input kept on the host,
+        # lorabench.fast.offload.HostCheckpoints) is tiled too: the whole row's [tokens x intermediate] tensors
+        # (3.5 GiB each at 131,072 tokens of Llama-3.1-8B's 14,336-wide MLP) never exist, and LoRA dropout draws
+        # the masks tile by tile in the order the recompute (_Tiled) draws them again.
+        return _in_tiles(self.lorabench_mlp_forward, self.lorabench_tile, x)
     return _Tiled.apply(self.lorabench_mlp_forward, self.lorabench_tile, x)
 
 
