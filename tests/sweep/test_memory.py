@@ -108,6 +108,23 @@ def test_lora_on_experts_holds_each_kept_layer_s_merged_expert_weights_whatever_
     assert mm.breakdown(Plan(), 1024, 1).device > 78 > mm.breakdown(Plan(1.0), 1024, 4).device
 
 
+def test_experts_in_nf4_hold_nf4_weights_and_each_forward_s_dequantised_layer():
+    """precision.experts_nf4 on gpt-oss-20b: its 19.1B expert weights at nf4's 0.5 + 1/64 bytes instead of bf16's 2
+    (35.6 GiB less 9.2), and each forward dequantises a layer's experts into a bf16 tensor its matmuls keep for the
+    backward, as PEFT's merged weights are kept: every layer recomputed fits 22 GiB, nothing recomputed does not."""
+    from lorabench.models import architecture_of
+
+    cell = ["model=gpt-oss-20b", "precision=nf4", "data=synthetic", "backend=fast"]
+    c = OmegaConf.to_object(compose_cfg([*cell, "precision.experts_nf4=true"]))
+    mm, bf16 = MemoryModel.of(c), MemoryModel.of(OmegaConf.to_object(compose_cfg(cell)))
+    experts = architecture_of(c.model).expert_params()
+    assert bf16.weights_gib - mm.weights_gib == pytest.approx(experts * (2 - 0.5 - 1 / 64) / GIB)
+    layer = experts * 2 / GIB / 24
+    assert mm.layout_gib(Plan(1.0), 1024) == pytest.approx(2 * layer) and bf16.layout_gib(Plan(1.0), 1024) == 0
+    assert mm.layout_gib(Plan(), 1024) == pytest.approx(26 * layer)
+    assert mm.breakdown(Plan(1.0, 0.0, True), 1024, 8).device < 22 < mm.breakdown(Plan(), 1024, 1).device
+
+
 @pytest.mark.parametrize("sweep", ["2026-12-06_h100_recipes/qwen3.5-9b_fast",
                                    "2026-12-06_h100_checkpoints/qwen3.5-9b_hf"])
 def test_qwen3_5_s_linear_attention_puts_each_measured_cell_on_its_side_of_the_budget(sweep):

@@ -190,11 +190,20 @@ class RandomWeight:
         return w.fill_(self.fill) if self.fill is not None else w.normal_(0.0, self.std)
 
 
-def random_state_dict(skeleton, device: torch.device) -> dict[str, RandomWeight]:
+class LaterWeight(RandomWeight):
+    """A weight the loader sets as one value at every index (no memory), drawn later, one at a time: the expert
+    weights precision.experts_nf4 quantises as it draws them (lorabench.builders.experts_nf4)."""
+
+    def __getitem__(self, index) -> torch.Tensor:
+        return torch.zeros(1, dtype=self.dtype, device=self.device).expand(tuple(self.shape))
+
+
+def random_state_dict(skeleton, device: torch.device, later: bool = False) -> dict[str, RandomWeight]:
     """Every persistent weight of `skeleton` (the model built on the meta device: shapes, no memory),
     drawn as transformers' own initialisation does: matrices, embeddings and experts normal(0,
     initializer_range), biases 0, norm weights 1 (0 where the norm scales by 1 + w: Gemma-2/3, Qwen3.5), any
-    other vector (a linear attention's decay and step biases, gpt-oss's sinks, Gemma 4's layer scalars) 1."""
+    other vector (a linear attention's decay and step biases, gpt-oss's sinks, Gemma 4's layer scalars) 1.
+    later: the 3-D expert weights are left to be drawn later (LaterWeight)."""
     std = getattr(skeleton.config, "initializer_range", 0.02)
     weights, seen = {}, set()
     for name, p in skeleton.state_dict(keep_vars=True).items():
@@ -202,7 +211,8 @@ def random_state_dict(skeleton, device: torch.device) -> dict[str, RandomWeight]
             continue
         seen.add(id(p))
         fill = None if p.ndim >= 2 else 0.0 if name.endswith("bias") else vector_fill(skeleton, name)
-        weights[name] = RandomWeight(p.shape, p.dtype, device, fill, std)
+        kind = LaterWeight if later and p.ndim == 3 and ".experts." in f".{name}" else RandomWeight
+        weights[name] = kind(p.shape, p.dtype, device, fill, std)
     return weights
 
 
@@ -247,11 +257,17 @@ def build_model(cfg: Config, device: torch.device, sharded: bool = False):
             # exactly as a checkpoint's would be and never all in bf16 at once (RandomWeight).
             with torch.device("meta"):
                 skeleton = AutoModelForCausalLM.from_config(hf_config(cfg.model), dtype=dtype)
+            later = cfg.precision.experts_nf4  # the experts drawn as they are quantised, never all in bf16
             model = type(skeleton).from_pretrained(
-                None, config=skeleton.config, state_dict=random_state_dict(skeleton, device), dtype=dtype,
+                None, config=skeleton.config, state_dict=random_state_dict(skeleton, device, later), dtype=dtype,
                 quantization_config=quant, device_map=device_map,
                 attn_implementation=attention_implementation(cfg.model, skeleton.config))
         weights = "random_init"
+    if cfg.precision.experts_nf4:
+        from lorabench.builders import experts_nf4
+
+        std = getattr(model.config, "initializer_range", 0.02) if weights == "random_init" else None
+        experts_nf4.quantise_experts(model, cfg.precision.double_quant, draw_std=std)
     model.config.use_cache = False
     return model, weights
 

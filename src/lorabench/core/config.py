@@ -171,6 +171,13 @@ class ModelConfig:
 class PrecisionConfig:
     name: Precision = MISSING
     double_quant: bool = True  # nf4 only: quantise the quantisation constants too (~0.4 bit/param saved)
+    # nf4 only: an MoE model's 3-D expert weights in nf4 too, dequantised a layer at a time in its forward
+    # (lorabench.builders.experts_nf4); off, they stay in bf16, as bitsandbytes quantises nn.Linear layers only
+    experts_nf4: bool = False
+
+    def __post_init__(self) -> None:
+        if self.experts_nf4 and self.name is not Precision.nf4:
+            raise ValueError(f"precision.experts_nf4=true needs precision=nf4, not {self.name.value}")
 
 
 @dataclass

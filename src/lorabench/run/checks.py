@@ -89,6 +89,7 @@ def window_problem(c: Config, arch: Architecture) -> str:
 
 def check_targets(c: Config, arch: Architecture) -> None:
     arch.resolve_lora_targets(c.lora.target_modules)  # a name the architecture lacks: one line
+    check_experts_nf4(c, arch)
     if not c.lora.experts:
         return
     if not arch.is_moe:
@@ -103,6 +104,21 @@ def check_targets(c: Config, arch: Architecture) -> None:
         # experts to it: lorabench.fast.parts turns Liger's experts kernel off).
         raise ValueError(f"lora.experts=true runs with backend=hf or fast, in one process or DDP (got backend="
                          f"{c.backend.name.value}{', train.parallel=fsdp' if c.train.sharded else ''})")
+
+
+def check_experts_nf4(c: Config, arch: Architecture) -> None:
+    """precision.experts_nf4 quantises the experts of the model lorabench builds (lorabench.builders.experts_nf4)."""
+    if not c.precision.experts_nf4:
+        return
+    if not arch.is_moe:
+        raise ValueError(f"precision.experts_nf4=true: model={c.model.name} ({arch.model_type}) has no experts; use "
+                         "precision.experts_nf4=false")
+    ranks = c.train.nproc * c.train.nnodes
+    if c.backend.name is Backend.unsloth or ranks > 1:
+        # Unsloth loads the model itself; DDP broadcasts and FSDP shards the parameters this replaces around each
+        # forward, neither checked with them.
+        raise ValueError("precision.experts_nf4=true runs with backend=hf or fast in one process (got backend="
+                         f"{c.backend.name.value}" + (f", {ranks} processes" if ranks > 1 else "") + ")")
 
 
 def check_batch(c: Config) -> None:

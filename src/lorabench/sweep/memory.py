@@ -19,7 +19,8 @@ Per token of a row and per decoder layer (w: the compute dtype's bytes, 2 in bf1
 Per MoE layer with LoRA on its experts (lora.experts), whatever the tokens: PEFT's adapters on the 3-D expert weights
 make the weights plus the adapters' product, a new [experts x out x in] tensor at the compute dtype, each forward;
 a layer that keeps its activations keeps it for its backward (gpt-oss-20b: 1.6 GB a layer, 38 GB over 24), the
-layer in its backward holds it and its gradient.
+layer in its backward holds it and its gradient. With the experts in nf4 (precision.experts_nf4) each forward
+dequantises them into such a tensor, which the expert matmuls keep for their backward alike.
 Per token, once:
   working     the layer in its backward (the one being recomputed, with checkpointing) holds its activations
               and their gradients: 2 x kept; with the MLP tiled (backend.tiled_mlp) its [tokens x
@@ -135,8 +136,8 @@ class MemoryModel:
         from lorabench.models import architecture_of
 
         a = architecture_of(c.model)  # the checkpoint's shape with model.path
-        # the merged weights are at the experts' own dtype, the compute dtype's width (16-bit in nf4 and int8 cells)
-        merged = a.expert_params() * compute_width(c) if c.lora.experts else 0.0
+        # the merged (or dequantised) weights are at the compute dtype's width (16-bit in nf4 and int8 cells)
+        merged = a.expert_params() * compute_width(c) if c.lora.experts or c.precision.experts_nf4 else 0.0
         return cls(a.layers, token_bytes_of(c, a), weights_gib_of(c, a), lora_gib_of(c, a), merged / GIB,
                    sum(a.moe_layers))
 
@@ -224,8 +225,8 @@ def dropout_bytes(c, a, w: int) -> float:
 
 def weights_gib_of(c, a) -> float:
     """The weights at their precision (nf4: 4 bits and one 8-bit scale per 64 weights under double quantisation; an
-    MoE model's experts 2 bytes in nf4 and int8 cells, which bitsandbytes leaves unquantised), embeddings and head
-    (fp32 under QLoRA's upcast)."""
+    MoE model's experts 2 bytes in nf4 and int8 cells, which bitsandbytes leaves unquantised, nf4 with
+    precision.experts_nf4), embeddings and head (fp32 under QLoRA's upcast)."""
     from lorabench.core.config import QUANTISED, Precision
 
     p = c.precision.name
@@ -233,7 +234,8 @@ def weights_gib_of(c, a) -> float:
     # int8: one fp32 scale per output row of in_features weights (the hidden width for most projections)
     per_param = {Precision.nf4: 0.5 + 1 / 64, Precision.int8: 1.0 + 4 / a.hidden, Precision.fp32: 4.0}.get(p, 2.0)
     experts = a.expert_params()
-    linear_bytes = (linear - experts) * per_param + experts * (2.0 if p in QUANTISED else per_param)
+    expert_bytes = per_param if p not in QUANTISED or c.precision.experts_nf4 else 2.0
+    linear_bytes = (linear - experts) * per_param + experts * expert_bytes
     embed_w = 4 if c.backend.upcast_fp32 and p in QUANTISED else (4 if p is Precision.fp32 else 2)
     embeddings = (1 if a.tied_embeddings else 2) * a.vocab * a.hidden
     return (linear_bytes + embeddings * embed_w) / GIB
