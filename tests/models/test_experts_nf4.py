@@ -174,3 +174,16 @@ def test_experts_nf4_is_refused_where_it_cannot_run():
             checks.check_targets(c, architecture_of(c.model))
     c = OmegaConf.to_object(compose_cfg([*base, "backend=fast"]))
     checks.check_targets(c, architecture_of(c.model))
+
+
+def test_the_weights_a_cell_records_count_the_experts_as_nf4():
+    """metrics.json's mem/weights_gib: the quantised experts as their nf4 words and scales, not at the bf16 size
+    their parameters' shapes say."""
+    from lorabench.run import sharding
+
+    model = tiny_moe("gpt_oss")
+    before = sharding.held_bytes(model)
+    experts = sum(module._parameters[k].numel() for _, module, keys in experts_nf4.expert_modules(model)
+                  for k in keys)
+    experts_nf4.quantise_experts(model)
+    assert sharding.held_bytes(model) == before - 2 * experts + experts_nf4.nf4_bytes(model)

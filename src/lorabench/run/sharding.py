@@ -120,8 +120,12 @@ def enable_on_cpu(trainer) -> None:
 
 def held_bytes(model) -> int:
     """Bytes of parameters this process holds: under FSDP its shards (a DTensor's local part), else
-    every parameter whole. Between layers an FSDP rank holds about 1/N of the model's."""
+    every parameter whole. Between layers an FSDP rank holds about 1/N of the model's. Expert weights in nf4
+    (precision.experts_nf4) count as their nf4 words and scales: between forwards their parameters hold none."""
     from torch.distributed.tensor import DTensor
 
+    from lorabench.builders import experts_nf4
+
     local = (p.to_local() if isinstance(p, DTensor) else p for p in model.parameters())
-    return sum(t.numel() * t.element_size() for t in local)
+    held = sum(t.numel() * t.element_size() for t in local if all(s > 0 for s in t.stride()))
+    return held + experts_nf4.nf4_bytes(model)
