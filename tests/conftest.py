@@ -31,10 +31,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 CONF = REPO / "conf"
 # A few steps are enough to exercise every part of a cell; the default task test runs the full default.
 FAST = ["train.max_steps=6", "train.untimed_steps=2", "data.max_samples=64"]
-# The shape of every family's tiny random checkpoint; each family adds the keys that make its features
-# visible (lorabench.models.families: Family.tiny).
-TINY_SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=256, vocab_size=512)
+from lorabench.models.families import TINY_SHAPE  # noqa: E402  (the tiny checkpoints' shape, one home)
 
 
 def tiny_config(model_type: str, **shape):

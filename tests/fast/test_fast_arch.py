@@ -402,11 +402,18 @@ def test_flex_attention_computes_gemma2_s_soft_capped_attention_on_cpu(monkeypat
     assert (uncapped - ref).abs().max() > 100 * (out - ref).abs().max()
 
 
-def test_flex_attention_leaves_attention_without_a_soft_cap_and_cells_off_cuda_as_they_are():
+def test_flex_attention_leaves_attention_without_a_soft_cap_or_sinks_and_cells_off_cuda_as_they_are(monkeypatch):
+    """Where flex attention trains (CUDA), Gemma-2's soft-capped attention and gpt-oss's sinks go to it, Mistral's
+    plain attention stays; on the CPU (no flex backward there) every one stays. Its exactness with sinks, the
+    backward through the log-sum-exp included: test_fast_path_computes_the_2026_families_models_on_gpu[gpt_oss]."""
     cpu, c = torch.device("cpu"), fast_cfg("backend.flex_attention=true", "backend.varlen_attention=false")
-    for model_type in ("mistral", "gemma2"):  # no soft-cap; soft-capped, but on CPU (no flex backward there)
+    for model_type in ("mistral", "gemma2", "gpt_oss"):
         model = parts.apply(build(model_type, torch.float32), c, cpu, parts.Stage.BEFORE_LORA)
         assert model.config._attn_implementation == "eager"
+    monkeypatch.setattr(parts, "flex_runs_on", lambda device: True)
+    for model_type, flex in (("mistral", False), ("gemma2", True), ("gpt_oss", True)):
+        model = parts.apply(build(model_type, torch.float32), c, cpu, parts.Stage.BEFORE_LORA)
+        assert (model.config._attn_implementation == "flex_attention") == flex, model_type
 
 
 def test_a_part_the_architecture_lacks_is_refused_by_name_or_turned_off_and_recorded(tmp_path):

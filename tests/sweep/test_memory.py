@@ -108,6 +108,28 @@ def test_lora_on_experts_holds_each_kept_layer_s_merged_expert_weights_whatever_
     assert mm.breakdown(Plan(), 1024, 1).device > 78 > mm.breakdown(Plan(1.0), 1024, 4).device
 
 
+def test_eager_attention_keeps_each_head_s_softmax_as_the_family_computes_it():
+    """transformers' eager attention keeps a [seq x seq] softmax per head for its backward, measured on each family's
+    tiny model: Llama's in float32 with a bf16 copy for the product with the values (4 + 2 bytes a pair), Gemma-2's
+    soft-capped scores beside them (tanh keeps its output: + 2), gpt-oss's softmax in bf16 (2). A cell whose attention
+    is eager counts it in every layer that keeps its activations and twice in the layer in its backward; fast's flex
+    attention keeps none (one float per query and head, in the linear terms)."""
+    from lorabench.models import census
+
+    assert [census.eager_scores_bytes(m) for m in ("llama", "gemma2", "gpt_oss")] == [6.0, 8.0, 2.0]
+    cell = ["model=gpt-oss-20b", "precision=nf4", "precision.experts_nf4=true", "data=synthetic"]
+    hf, fast = (MemoryModel.of(OmegaConf.to_object(compose_cfg([*cell, f"backend={b}"]))) for b in ("hf", "fast"))
+    assert fast.tokens.scores == 0 and hf.tokens.scores == 64 * 2.0  # 64 heads
+    quad = 64 * 2.0 * 4 * 1024**2 / GIB  # b4 at seq 1024: 0.5 GiB a layer
+    assert hf.breakdown(Plan(), 1024, 4).kept - hf.breakdown(Plan(), 1024, 0).kept \
+        == pytest.approx(24 * quad + 24 * hf.tokens.kept * 4 * 1024 / GIB)
+    assert hf.breakdown(Plan(1.0), 1024, 4).working - hf.breakdown(Plan(1.0), 1024, 0).working \
+        == pytest.approx(2 * quad + 2 * (hf.tokens.kept * 4 * 1024) / GIB)
+    gemma = ["model=gemma-2-9b", "data=synthetic"]
+    assert MemoryModel.of(OmegaConf.to_object(compose_cfg([*gemma, "backend=hf"]))).tokens.scores == 16 * 8.0
+    assert MemoryModel.of(OmegaConf.to_object(compose_cfg([*gemma, "backend=fast"]))).tokens.scores == 0
+
+
 def test_experts_in_nf4_hold_nf4_weights_and_each_forward_s_dequantised_layer():
     """precision.experts_nf4 on gpt-oss-20b: its 19.1B expert weights at nf4's 0.5 + 1/64 bytes instead of bf16's 2
     (35.6 GiB less 9.2), and each forward dequantises a layer's experts into a bf16 tensor its matmuls keep for the

@@ -389,14 +389,17 @@ def flex_runs_on(device: torch.device) -> bool:
 
 
 def _apply_flex(model, c: Config, device: torch.device, f: Features):
-    if f.attn_softcap is None:
-        log.info("backend.flex_attention acts on soft-capped attention only; %s caps none: its attention stays %s",
-                 f.model_type, model.config._attn_implementation)
+    if f.attn_softcap is None and not f.attn_sinks:
+        log.info("backend.flex_attention acts on attention that soft-caps its logits or has sinks; %s has neither: "
+                 "its attention stays %s", f.model_type, model.config._attn_implementation)
     elif flex_runs_on(device):
         # transformers' flex path: the soft-cap as score_mod, masks (causal, sliding window, packed samples from
-        # position_ids) as a BlockMask; the kernel is compiled once per process.
+        # position_ids) as a BlockMask, the sinks by renormalising each query's output with the kernel's
+        # log-sum-exp (exp(lse) / (exp(lse) + exp(sink)): the sink's share of the softmax, gradients through both);
+        # the kernel is compiled once per process.
         model.set_attn_implementation("flex_attention")
-        log.info("soft-capped attention (%g) as flex attention", f.attn_softcap)
+        log.info("attention with %s as flex attention",
+                 f"soft-capped logits ({f.attn_softcap:g})" if f.attn_softcap is not None else "sinks")
     return model
 
 
@@ -512,10 +515,10 @@ PARTS = (
          "sample starts, instead of SDPA with a block-diagonal mask: no mask, and keys and values keep their heads "
          "instead of being repeated to the query heads' count (lorabench.fast.packed_attention)",
          Stage.BEFORE_LORA, Cuda.ONLY, lacks=_varlen_lacks, apply=_apply_varlen),
-    Part("flex_attention", "soft-capped attention (Gemma-2) as PyTorch's flex attention, the cap a score_mod inside "
-         "its kernel: one float per query and head kept for the backward, where transformers' eager attention (SDPA "
-         "has no soft-cap) keeps the capped scores, their fp32 softmax and its bf16 copy", Stage.BEFORE_LORA,
-         Cuda.ONLY, apply=_apply_flex),
+    Part("flex_attention", "soft-capped attention (Gemma-2) and attention with sinks (gpt-oss) as PyTorch's flex "
+         "attention, the cap a score_mod inside its kernel, the sinks a renormalisation by its log-sum-exp: one "
+         "float per query and head kept for the backward, where transformers' eager attention (SDPA has neither) "
+         "keeps a [seq x seq] softmax a head", Stage.BEFORE_LORA, Cuda.ONLY, apply=_apply_flex),
     Part("liger", "Liger-Kernel's RMSNorm, RoPE, gated MLP (swiglu: SwiGLU, or GeGLU on Gemma) and fused linear "
          "cross-entropy (the loss chunk by chunk from the last hidden states: no logits tensor), through Liger's "
          "patch for the architecture (LIGER)", Stage.BEFORE_LORA, Cuda.REQUIRED, lacks=_liger_lacks,

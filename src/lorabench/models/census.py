@@ -153,3 +153,35 @@ def delta_rule_bytes(heads: tuple) -> float:
     with torch.autocast("cpu", dtype=torch.bfloat16), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         modeling_qwen3_5.torch_chunk_gated_delta_rule(q, k, v, g=decay, beta=beta, use_qk_l2norm_in_kernel=True)
     return sum(kept.values()) / tokens
+
+
+@functools.lru_cache(maxsize=16)
+def eager_scores_bytes(model_type: str) -> float:
+    """Bytes transformers' eager attention of a family with a row keeps for its backward per head and [query x key]
+    pair of one row in one layer (it keeps each head's [seq x seq] softmax: in float32 with a bf16 copy where the
+    family's softmax runs in float32, the soft-capped scores too where it caps them). Measured, not written out: the
+    saved tensors of the family's tiny bf16 model (lorabench.models.families.TINY_SHAPE) at rows of 16, 32 and 48
+    tokens on the CPU; their second difference is the part quadratic in the row's length (weights and per-token
+    tensors cancel), spread over the layers' heads."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from lorabench.models.families import FAMILIES, TINY_SHAPE
+
+    cfg = AutoConfig.for_model(model_type, **{**TINY_SHAPE, **FAMILIES[model_type].tiny})
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation="eager").train()
+    saved = []
+    for seq in (16, 32, 48):
+        kept = {}
+
+        def pack(t):  # a tensor saved twice, or a view of one, is held once: by its storage
+            kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        ids = torch.arange(seq).remainder(cfg.vocab_size)[None]
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(input_ids=ids)
+        saved.append(sum(kept.values()))
+    quadratic = (saved[2] - 2 * saved[1] + saved[0]) / 2 / 16**2  # B(s) = c + a s + b s^2: 2 b 16^2
+    return quadratic / (cfg.num_hidden_layers * cfg.num_attention_heads)

@@ -67,6 +67,10 @@ class Family:
         return f"apply_liger_kernel_to_{self.model_type}" if self.liger_mlp else None
 
 
+# The shape of every family's tiny random checkpoint (the tests', and the census's measurements of one layer's
+# attention); each family adds the keys that make its features visible (Family.tiny).
+TINY_SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=256, vocab_size=512)
 WINDOW = 6  # tokens: shorter than the tests' 16-token samples, so the window changes which keys a query sees
 TWO_KINDS = ["sliding_attention", "full_attention"]  # the two layers of a tiny checkpoint, one of each kind
 MISTRAL_TOKENIZERS = {32768: "mistral_instruct_tokenizer_240323.model.v3", 131072: "tekken_240718.json"}

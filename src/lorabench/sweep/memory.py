@@ -29,10 +29,14 @@ Per token, once:
               on Llama-3's 128,256 words: hf's context ends here first); Liger's fused linear cross-entropy
               (fast) one chunk of at most ce_chunk_mem x hidden values a token; Unsloth's fused loss fp32
               logits in chunks of at most 4 GiB (unsloth_zoo's target_gb) and its hidden states' fp32 gradient
-  mask        transformers' SDPA on padded or packed rows (hf): a [seq x seq] bool mask a row, the one term
-              quadratic in seq_len (1 GiB at 32,768 tokens, 16 GiB at 131,072). Attention itself (flash or
-              memory-efficient SDPA, varlen flash, Unsloth's kernels) keeps its output and one float per query
-              and head: linear in seq_len, no [seq x seq] scores.
+  mask        transformers' SDPA on padded or packed rows (hf), and its eager attention on any: a [seq x seq]
+              mask a row (1 GiB at 32,768 tokens, 16 GiB at 131,072). Attention itself (flash or
+              memory-efficient SDPA, varlen flash, flex attention, Unsloth's kernels) keeps its output and one
+              float per query and head: linear in seq_len, no [seq x seq] scores.
+Per row and layer, where the attention is transformers' eager one (soft-capped logits or sinks, which SDPA cannot
+compute, outside fast's flex attention; or model.attn_implementation=eager):
+  scores      each head's [seq x seq] softmax, kept for the backward: 2 to 8 bytes a pair as the family computes
+              it (lorabench.models.census.eager_scores_bytes, measured); the layer in its backward holds it twice
 Fixed: the weights at their precision, LoRA's adapters with their gradients and AdamW states, 0.5 GiB of
 allocator slack.
 
@@ -82,6 +86,7 @@ class TokenBytes:
     mask: bool = False  # a [seq x seq] bool attention mask a row
     rule: float = 0.0  # a linear-attention layer's delta rule, through transformers' PyTorch path (in `kept`
     rule_share: float = 0.0  # at this share of the layers: `kept` is the mean over the layers)
+    scores: float = 0.0  # eager attention: bytes a layer keeps per [query x key] pair of a row, all heads
 
 
 @dataclass(frozen=True)
@@ -158,11 +163,12 @@ class MemoryModel:
         inputs = n * plan.recomputed * tb.recomputed * tokens
         logits = tb.logits * tokens
         one_layer = self.experts_gib / max(self.expert_layers, 1)  # a layer's merged expert weights
+        scores = tb.scores * batch * seq_len**2  # one layer's eager softmax over the batch
         return Breakdown(
             weights=self.weights_gib, lora=self.lora_gib,
-            kept=n * kept_frac * per_layer * tokens / GIB + kept_frac * self.experts_gib,
+            kept=(n * kept_frac * (per_layer * tokens + scores)) / GIB + kept_frac * self.experts_gib,
             inputs=0.0 if plan.inputs_offloaded else inputs / GIB,
-            working=(2 * (layer * tokens + tile) + tb.rule * tokens) / GIB + 2 * one_layer,
+            working=(2 * (layer * tokens + tile + scores) + tb.rule * tokens) / GIB + 2 * one_layer,
             logits=(min(logits, tb.logits_cap) if tb.logits_cap else logits) / GIB,
             mask=batch * seq_len**2 / GIB if tb.mask else 0.0, slack=SLACK_GIB,
             host=(n * plan.offloaded * per_layer * tokens + (inputs if plan.inputs_offloaded else 0.0)) / GIB
@@ -207,11 +213,27 @@ def token_bytes_of(c, a) -> TokenBytes:
         logits, cap = 4 * a.vocab + 4 * a.hidden, UNSLOTH_LOSS_CAP + 0.0
     else:
         logits, cap = 4 * a.vocab * 4, None
-    # transformers builds a [seq x seq] mask for SDPA where a row has padding or several samples
-    mask = (hf_like and c.model.attn_implementation == "sdpa"
-            and (c.data.kind is not DataKind.synthetic or packs(c)))
+    eager = eager_attention(c, a)
+    # transformers builds a [seq x seq] mask for SDPA where a row has padding or several samples, for eager always
+    mask = eager or (hf_like and c.model.attn_implementation == "sdpa"
+                     and (c.data.kind is not DataKind.synthetic or packs(c)))
+    # (a family without a row: transformers' generic eager attention, Llama's)
+    scores = census.eager_scores_bytes(a.model_type if a.known else "llama") * a.heads if eager else 0.0
     share = a.linear_layers() / a.layers
-    return TokenBytes(kept + share * rule, 2 * ff * w, recomputed, logits, cap, mask, rule, share)
+    return TokenBytes(kept + share * rule, 2 * ff * w, recomputed, logits, cap, mask, rule, share, scores)
+
+
+def eager_attention(c, a) -> bool:
+    """Whether the cell's attention is transformers' eager one: where asked, and where the architecture soft-caps its
+    logits or has sinks (SDPA computes neither: lorabench.builders.modeling.attention_implementation), unless fast's
+    flex attention computes them (on CUDA, where the searches run) or Unsloth its own kernels."""
+    from lorabench.core.config import Backend
+
+    b = c.backend
+    special = a.attn_logit_softcap is not None or a.attn_sinks
+    if b.name is Backend.unsloth or (b.name is Backend.fast and b.flex_attention and special):
+        return False
+    return special or c.model.attn_implementation == "eager"
 
 
 def dropout_bytes(c, a, w: int) -> float:
