@@ -4,7 +4,7 @@ bitsandbytes quantises nn.Linear layers only, and transformers 5 keeps each MoE 
 one module, so a QLoRA cell otherwise holds them in bf16: gpt-oss-20b's 19.1B expert weights are 36 GiB, more than a
 24 GB GPU before anything trains. Here each 3-D expert weight is quantised as bitsandbytes quantises any tensor
 (bitsandbytes.functional.quantize_4bit: nf4 in blocks of 64 consecutive values of its last dimension, the blocks'
-scales quantised again with double_quant): 0.5 + 1/64 bytes a weight, 9.3 GiB for gpt-oss-20b's experts.
+scales quantised again with double_quant): 0.5 + 1/64 bytes a weight, 9.2 GiB for gpt-oss-20b's experts.
 
 Between forwards each expert weight is a parameter of its own shape and dtype that holds no memory; a forward
 pre-hook on the experts module puts a parameter dequantised from the nf4 words in its place and a forward hook puts
@@ -12,7 +12,7 @@ the empty one back. The module's forward, transformers' expert kernels and PEFT'
 parametrisation whose `original` is that parameter) see a bf16 weight as before. A new parameter each forward, never
 one whose data changes: what the forward saved for its backward (a weight its matmul needs) keeps its values until
 that backward, as a bf16 layer's would. A recomputed layer dequantises again in its recompute: one more pass over its
-weights per forward (gpt-oss-20b: 0.5 GiB read and 1.6 GiB written a layer).
+weights per forward (gpt-oss-20b: 0.4 GB read and 1.6 GB written a layer).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ BLOCK = 64  # values a scale covers, bitsandbytes' default and QLoRA's
 
 @dataclass
 class Quantised:
-    """One expert weight: where it lives (module, name), its nf4 words and its scales."""
+    """One expert weight: its name in its module, its nf4 words and its scales."""
 
     key: str
     words: torch.Tensor  # uint8, two 4-bit codes a byte

@@ -75,6 +75,7 @@ class Guard:
         self._main = threading.current_thread() is threading.main_thread()
 
     def __enter__(self) -> "Guard":
+        self.raised = None
         if self._main:
             self._previous = signal.signal(signal.SIGUSR1, self._raise)
             self._armed = True
