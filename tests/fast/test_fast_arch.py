@@ -11,6 +11,7 @@ so 1e-10 of a tensor's norm is 3 orders of magnitude above it, and far below wha
 soft-cap or scale changes (1e-3 and more). The GPU tests do it in bf16 with Liger on.
 """
 
+import contextlib
 import copy
 import functools
 import importlib.util
@@ -31,9 +32,9 @@ VOCAB = 256
 SEQ = 16  # tokens a sample: longer than every tiny checkpoint's sliding window (families.WINDOW)
 
 
-def arch_config(model_type: str):
-    """The tiny config of `model_type` (its family's row)."""
-    return tiny_config(model_type, vocab_size=VOCAB, max_position_embeddings=128, use_cache=False)
+def arch_config(model_type: str, **shape):
+    """The tiny config of `model_type` (its family's row), `shape` over it."""
+    return tiny_config(model_type, vocab_size=VOCAB, max_position_embeddings=128, use_cache=False, **shape)
 
 
 # The parts of backend=fast each architecture refuses, first in the table's order, with the line's gist,
@@ -220,13 +221,14 @@ def test_the_copied_forwards_are_the_installed_transformers_ones():
     assert parts.copied_forwards() == COPIED
 
 
-def build(model_type: str, dtype=torch.float64, device=torch.device("cpu"), layers: int | None = None):
+def build(model_type: str, dtype=torch.float64, device=torch.device("cpu"), layers: int | None = None, **shape):
     """The tiny model of `model_type`, eager attention (it applies Gemma-2's soft-cap and each layer's
-    scaling), its biases and norm weights random; layers: another number of decoder layers than its config's."""
+    scaling), its biases and norm weights random; layers: another number of decoder layers than its config's;
+    shape: config keys over the tiny config's."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
-    hf = arch_config(model_type)
+    hf = arch_config(model_type, **shape)
     if layers is not None:
         hf.num_hidden_layers = layers
     with torch.device(device):
@@ -551,15 +553,16 @@ def test_flex_attention_computes_gemma2_s_model_on_gpu():
     compare_gpu("gemma2", torch.device("cuda", 0), "[rms_norm,rope,swiglu]", "backend.flex_attention=true")
 
 
-def compare_gpu(model_type, device, liger, *extra):
+def compare_gpu(model_type, device, liger, *extra, shape=None, fast_only=contextlib.nullcontext):
     """hf and fast in bf16 against hf in float64 on the same (bf16) weights, the exact model: the fast path's
     logits, loss and LoRA gradients are no further from it than twice hf's own bf16 error plus 2^-8 (one bf16
     rounding step) of the norm. Both round at 2^-8 per operation, in different places (Liger's kernels, the
     fused projections' epilogues) but not more often; a missing bias, norm, scale or soft-cap is an error of
     the model, not of rounding, and shows far above that. Where the quantity is ill-conditioned (a gate whose
     gradient is a small difference of large terms), the exact answer moves by more than hf's error when each
-    weight moves by one bf16 rounding (2^-8): twice that movement bounds any bf16 computation of it as well."""
-    base = build(model_type, torch.bfloat16, device)
+    weight moves by one bf16 rounding (2^-8): twice that movement bounds any bf16 computation of it as well.
+    shape: config keys over the tiny config's; fast_only: a context the fast run alone runs in."""
+    base = build(model_type, torch.bfloat16, device, **(shape or {}))
     ids = torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(3)).to(device)
     batch = {"input_ids": ids, "labels": ids}
     common = [f"lora.target_modules={targets(model_type)}", "lora.dropout=0", "precision=bf16",
@@ -571,7 +574,7 @@ def compare_gpu(model_type, device, liger, *extra):
     exact = logits_and_grads(copy.deepcopy(base).double(), c_hf, device, batch)
     shaken = logits_and_grads(copy.deepcopy(base).double(), c_hf, device, batch, jitter=2**-8)
     hf = logits_and_grads(copy.deepcopy(base), c_hf, device, batch)
-    with parts.around_cell(c_fast, base.config):
+    with parts.around_cell(c_fast, base.config), fast_only():
         fast = logits_and_grads(base, c_fast, device, batch)
     pairs = [("loss", *(torch.tensor([r[1]]) for r in (exact, shaken, hf, fast)))]
     if fast[0] is not None:
@@ -581,6 +584,34 @@ def compare_gpu(model_type, device, liger, *extra):
     for what, ref, moved, a, b in pairs:
         err_moved, err_hf, err_fast = ((t.double() - ref).norm().item() / ref.norm().item() for t in (moved, a, b))
         assert err_fast <= 2 * max(err_hf, err_moved) + 2**-8, (what, err_fast, err_hf, err_moved)
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.skipif(importlib.util.find_spec("fla") is None, reason="needs flash-linear-attention")
+def test_fla_computes_qwen3_5_s_model_on_gpu(monkeypatch):
+    """fast with flash-linear-attention's gated delta rule (on a Hopper GPU under Triton 3.4.0-3.7.0 through
+    backend.fla_on_hopper) against transformers' PyTorch rule in float64, hf's bf16 error from the same PyTorch
+    rule: 128-wide key heads, as Qwen3.5's (the 128 tile), and 64-wide ones where the GPU is no Hopper."""
+    from transformers.models.qwen3_5 import modeling_qwen3_5
+
+    from lorabench.fast import delta_rule
+
+    fla_rule = getattr(modeling_qwen3_5, delta_rule.NAME)  # transformers took fla's kernel at import
+    assert inspect.unwrap(fla_rule) is not fla_rule, "transformers did not take flash-linear-attention's rule"
+    monkeypatch.setattr(modeling_qwen3_5, delta_rule.NAME, inspect.unwrap(fla_rule))  # the references: PyTorch's
+
+    @contextlib.contextmanager
+    def with_fla():
+        monkeypatch.setattr(modeling_qwen3_5, delta_rule.NAME, fla_rule)
+        yield
+        monkeypatch.setattr(modeling_qwen3_5, delta_rule.NAME, inspect.unwrap(fla_rule))
+
+    cuda = torch.device("cuda", 0)
+    widths = [128] if torch.cuda.get_device_capability(cuda)[0] == 9 else [128, 64]
+    for width in widths:
+        compare_gpu("qwen3_5_text", cuda, "[]", shape={"linear_key_head_dim": width, "linear_value_head_dim": width},
+                    fast_only=with_fla)
 
 
 def test_compile_delta_rule_computes_qwen3_5_s_gated_delta_rule_through_one_compile_on_cpu():

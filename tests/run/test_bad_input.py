@@ -272,3 +272,11 @@ def test_fla_on_hopper_under_an_old_triton_is_refused_before_the_model(monkeypat
         checks.check_model_on(qwen35, cuda, architecture_of(qwen35.model))
     mistral = OmegaConf.to_object(compose_cfg(["precision=bf16"]))
     checks.check_model_on(mistral, cuda, architecture_of(mistral.model))
+    # fast lets fla through where the model's key heads (Qwen3.5-9B's are 128 wide) do not take the miscompiled tile
+    fast = OmegaConf.to_object(compose_cfg(["model=qwen3.5-9b", "precision=bf16", "backend=fast"]))
+    checks.check_model_on(fast, cuda, architecture_of(fast.model))
+    if refused:
+        narrow = OmegaConf.to_object(compose_cfg(["model=qwen3.5-9b", "precision=bf16", "backend=fast",
+                                                  "model.hf_config.linear_key_head_dim=64"]))
+        with pytest.raises(RuntimeError, match=r"flash-linear-attention .* Triton 3.6.0"):
+            checks.check_model_on(narrow, cuda, architecture_of(narrow.model))

@@ -700,6 +700,7 @@ class BackendConfig:
     fused_add_norm: bool = False
     triton_input_grad: bool = False
     swiglu_in_gemm: bool = False
+    fla_on_hopper: bool = False
     compile_delta_rule: bool = False
     # backend=unsloth with train.gradient_checkpointing: Unsloth's own checkpointing, which offloads the
     # checkpointed layers' inputs to host memory ("unsloth"), or with false its plain one (True).

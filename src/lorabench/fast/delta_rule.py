@@ -1,4 +1,12 @@
-"""Linear attention's chunked gated delta rule (Qwen3.5's Gated DeltaNet) through torch.compile.
+"""Linear attention's chunked gated delta rule (Qwen3.5's Gated DeltaNet): flash-linear-attention's kernels on Hopper
+GPUs where the package refuses them for a tile the model does not use, or transformers' PyTorch rule through
+torch.compile.
+
+flash-linear-attention (fla) 0.6.0 refuses its gated backward on Hopper GPUs under Triton 3.4.0 to 3.7.0 (fla #640:
+Triton miscompiles chunk_bwd_dqkwg's dk at a 64-wide key tile; fla 0.6.0 raises at the first backward). On Hopper
+the kernel's key tile is the key head's width rounded up to a power of two, at most 128: 64 only for heads 33 to 64
+wide. Qwen3.5's 128-wide key heads take the 128 tile, which that Triton compiles right; `lift_hopper_refusal` lets
+exactly those calls through and leaves fla's refusal to every call that would take the 64 tile.
 
 Where flash-linear-attention does not compute it (not installed, or refusing the GPU: see
 lorabench.run.checks.check_linear_attention_kernels), transformers runs its PyTorch reference,
@@ -33,6 +41,51 @@ NAME = "torch_chunk_gated_delta_rule"  # the module-level function the Gated Del
 def fla_computes() -> bool:
     """transformers takes flash-linear-attention's kernel for the rule wherever the package imports."""
     return importlib.util.find_spec("fla") is not None
+
+
+BAD_TILE = 64  # the key tile Triton 3.4.0-3.7.0 miscompiles on Hopper (fla #640)
+LIFTED = "_lorabench_lifted"  # the mark on fla's chunk_bwd_dqkwg once wrapped
+
+
+def key_tile(key_dim: int) -> int:
+    """fla's key tile for chunk_bwd_dqkwg on a Hopper GPU: the key width's next power of two, 16 to 128."""
+    return min(max(1 << max(key_dim - 1, 0).bit_length(), 16), 128)
+
+
+def lift_hopper_refusal() -> bool:
+    """fla's gated chunk_bwd_dqkwg without its Hopper refusal for calls whose key tile is not the miscompiled one
+    (see the module's docstring); every other call meets the refusal as before. Returns whether fla was wrapped
+    (False: fla is not installed or its layout is not 0.6.0's)."""
+    try:
+        import fla.ops.common.chunk_o as chunk_o
+    except ImportError:
+        return False
+    original = getattr(chunk_o, "chunk_bwd_dqkwg", None)
+    if original is None or not hasattr(chunk_o, "IS_NVIDIA_HOPPER"):
+        return False
+    if getattr(original, LIFTED, False):
+        return True
+
+    @functools.wraps(original)
+    def dqkwg(q, k, *args, **kwargs):
+        if key_tile(k.shape[-1]) == BAD_TILE or not chunk_o.IS_NVIDIA_HOPPER:
+            return original(q, k, *args, **kwargs)
+        # the refusal reads this flag when called, and nothing else in the call does (the tiles read the shared
+        # memory, NUM_WARPS was set at import): off for this call only
+        chunk_o.IS_NVIDIA_HOPPER = False
+        try:
+            return original(q, k, *args, **kwargs)
+        finally:
+            chunk_o.IS_NVIDIA_HOPPER = True
+
+    setattr(dqkwg, LIFTED, True)
+    chunk_o.chunk_bwd_dqkwg = dqkwg
+    import sys
+
+    for name, module in list(sys.modules.items()):  # the rules' modules imported it by name (gated_delta_rule.chunk)
+        if (name == "fla" or name.startswith("fla.")) and getattr(module, "chunk_bwd_dqkwg", None) is original:
+            module.chunk_bwd_dqkwg = dqkwg
+    return True
 
 
 def in_float32(rule):

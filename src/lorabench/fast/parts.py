@@ -61,6 +61,7 @@ class Features:
     linear_attention: bool = False  # layers whose state runs along the row (Qwen3.5's Gated DeltaNet)
     known: bool = True  # lorabench has a row for the family
     gated_mlp: bool = False  # its dense MLP is Llama's gated MLP
+    linear_key_dim: int = 0  # the width of a linear-attention key head (Qwen3.5: 128)
 
 
 def _model_type(hf) -> str:
@@ -83,7 +84,8 @@ def features(hf) -> Features:
                     sandwich_norms=a.sandwich_norms, attn_softcap=a.attn_logit_softcap, activation=a.activation,
                     fused_qkv=a.fused_qkv, moe=a.num_experts > 0, rotary_fraction=a.partial_rotary_factor,
                     bidirectional=a.bidirectional, resid_dropout=a.residual_dropout, head_dim=a.head_dim,
-                    attn_sinks=a.attn_sinks, linear_attention=a.linear_attention, known=a.known, gated_mlp=a.gated_mlp)
+                    attn_sinks=a.attn_sinks, linear_attention=a.linear_attention, known=a.known, gated_mlp=a.gated_mlp,
+                    linear_key_dim=a.linear_heads[2] if a.linear_heads else 0)
 
 
 def hf_config(c: Config):
@@ -474,6 +476,25 @@ def _apply_add_norm(model, c: Config, device: torch.device, f: Features):
     return model
 
 
+def _fla_lacks(f: Features, c: Config) -> Refusal | None:
+    from lorabench.fast import delta_rule
+
+    if f.linear_attention and delta_rule.key_tile(f.linear_key_dim) == delta_rule.BAD_TILE:
+        return Refusal(f"lets fla's gated backward through on Hopper where its key tile is not the miscompiled 64-wide "
+                       f"one; {f.model_type}'s {f.linear_key_dim}-wide key heads take that tile",
+                       {"fla_on_hopper": False})
+    return None
+
+
+def _apply_fla(model, c: Config, device: torch.device, f: Features):
+    from lorabench.fast import delta_rule
+
+    if f.linear_attention and device.type == "cuda" and delta_rule.lift_hopper_refusal():
+        log.info("flash-linear-attention computes %s's gated delta rule, its Hopper refusal lifted for the %d-wide "
+                 "key tile", f.model_type, delta_rule.key_tile(f.linear_key_dim))
+    return model
+
+
 def _apply_delta_rule(model, c: Config, device: torch.device, f: Features):
     from lorabench.fast import delta_rule
 
@@ -556,6 +577,11 @@ PARTS = (
     Part("fused_add_norm", "the attention's residual add inside the next RMSNorm (Liger's fused add + RMSNorm "
          "on CUDA): 3 passes over the residual stream less per layer (lorabench.fast.kernels.norm)",
          Stage.AFTER_LORA, Cuda.FALLBACK, lacks=_add_norm_lacks, apply=_apply_add_norm),
+    Part("fla_on_hopper", "flash-linear-attention's gated delta rule (Qwen3.5's linear attention, where fla is "
+         "installed) on a Hopper GPU under Triton 3.4.0-3.7.0, which fla 0.6.0 refuses for one miscompiled tile (fla "
+         "#640: its backward's 64-wide key tile): let through where the model's key heads take another (Qwen3.5's "
+         "128-wide ones), refused as before where they take that one (lorabench.fast.delta_rule)", Stage.AFTER_LORA,
+         Cuda.ONLY, lacks=_fla_lacks, apply=_apply_fla),
     Part("compile_delta_rule", "the chunked gated delta rule of linear-attention layers (Qwen3.5's Gated "
          "DeltaNet) where flash-linear-attention does not compute it: transformers' PyTorch function through "
          "torch.compile, the same operations with its elementwise steps fused around the matmuls and recomputed in "

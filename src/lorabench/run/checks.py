@@ -381,8 +381,14 @@ def check_linear_attention_kernels(c: Config, device, arch: Architecture) -> Non
     attention. On a Hopper GPU (sm_90) under Triton 3.4.0 to 3.7.0 its gated backward gives wrong values, so fla
     (0.6.0) refuses it unless TileLang takes that kernel, and only at the first backward, after the model is built:
     said here, before. Unsloth's cells import Unsloth's own copy of fla (unsloth_zoo's, registered as `fla` and marked
-    so), which on Hopper steps that kernel down from the miscompiled tile itself: left to it."""
+    so), which on Hopper steps that kernel down from the miscompiled tile itself: left to it. fast's fla_on_hopper lets
+    fla through where the model's key heads do not take that tile (lorabench.fast.delta_rule)."""
     if device.type != "cuda" or not arch.linear_attention:
+        return
+    from lorabench.fast import delta_rule
+
+    if (c.backend.name is Backend.fast and c.backend.fla_on_hopper
+            and delta_rule.key_tile(arch.linear_heads[2]) != delta_rule.BAD_TILE):
         return
     import importlib.metadata
     import importlib.util

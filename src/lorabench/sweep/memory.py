@@ -195,6 +195,7 @@ def token_bytes_of(c, a) -> TokenBytes:
     """c's per-token bytes on architecture `a` (the module's docstring)."""
     from lorabench.builders.data import packs
     from lorabench.core.config import Backend, DataKind
+    from lorabench.fast import delta_rule
     from lorabench.models import census
 
     b = c.backend
@@ -204,8 +205,9 @@ def token_bytes_of(c, a) -> TokenBytes:
     dropout = dropout_bytes(c, a, w) if hf_like and c.lora.dropout > 0 else 0.0
     kept = a.activation_width() * w + dropout
     # Qwen3.5's linear-attention layers through transformers' PyTorch rule keep its float32 chunks too (Unsloth
-    # brings flash-linear-attention's kernels)
-    rule = census.delta_rule_bytes(a.linear_heads) if a.linear_heads and not unsloth else 0.0
+    # brings flash-linear-attention's kernels, and transformers takes them where the package is installed)
+    pytorch_rule = a.linear_heads and not unsloth and not delta_rule.fla_computes()
+    rule = census.delta_rule_bytes(a.linear_heads) if pytorch_rule else 0.0
     recomputed = a.hidden * (4 if b.upcast_fp32 and not unsloth else w)
     if "fused_linear_cross_entropy" in b.liger or (b.name is Backend.fast and b.chunked_loss):
         logits, cap = w * b.ce_chunk_mem * a.hidden, None
