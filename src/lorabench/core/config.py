@@ -418,6 +418,9 @@ class TrainConfig:
     # Steps profiled with torch.profiler right after the warmup (0 = off); not timed. The cell's
     # result then holds the share of step time in matmul, dequant, attention, ... (lorabench.measure.profile).
     profile_steps: int = 0
+    # CUDA: one more untimed step, after the warmup and profiled ones, with PyTorch's allocator history recorded:
+    # memory_snapshot.pickle and memory_at_peak.json in the cell's run dir (lorabench.measure.memory_snapshot).
+    memory_snapshot: bool = False
     # In a multirun, skip (status "skipped") a cell when a cell with the same configuration and no
     # larger seq_len and batch already ran out of memory: it cannot fit either. For sizing sweeps.
     skip_if_smaller_oom: bool = False
@@ -498,6 +501,10 @@ class TrainConfig:
             raise ValueError(f"train.profile_steps must be in [0, train.max_steps - untimed steps = "
                              f"{self.max_steps} - {self.untimed}), got {self.profile_steps}: "
                              "profiled steps are not timed, so no step would be")
+        if self.memory_snapshot and self.untimed + self.profile_steps + 1 >= self.max_steps:
+            raise ValueError(f"train.memory_snapshot=true takes an untimed step after the {self.untimed} untimed and "
+                             f"{self.profile_steps} profiled ones: train.max_steps={self.max_steps} would leave no "
+                             f"step timed; use train.max_steps >= {self.untimed + self.profile_steps + 2}")
 
     @property
     def sharded(self) -> bool:

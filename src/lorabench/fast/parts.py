@@ -480,8 +480,8 @@ def _fla_lacks(f: Features, c: Config) -> Refusal | None:
     from lorabench.fast import delta_rule
 
     if f.linear_attention and delta_rule.key_tile(f.linear_key_dim) == delta_rule.BAD_TILE:
-        return Refusal(f"lets fla's gated backward through on Hopper where its key tile is not the miscompiled 64-wide "
-                       f"one; {f.model_type}'s {f.linear_key_dim}-wide key heads take that tile",
+        return Refusal("lets fla's gated backward through on Hopper where its key tile is not the miscompiled "
+                       f"64-wide one; {f.model_type}'s {f.linear_key_dim}-wide key heads take that tile",
                        {"fla_on_hopper": False})
     return None
 

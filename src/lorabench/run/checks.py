@@ -362,6 +362,9 @@ def check_device(c: Config, device) -> None:
     if device.type != "cuda" and c.optimizer.name in BNB_OPTIMIZERS:
         raise RuntimeError(f"optimizer={c.optimizer.name.value} is a bitsandbytes CUDA optimizer; "
                            "on CPU use optimizer=adamw_torch, adamw_torch_fused or adafactor.")
+    if device.type != "cuda" and c.train.memory_snapshot:
+        raise RuntimeError("train.memory_snapshot=true records PyTorch's CUDA allocator; this cell runs on "
+                           f"{device.type}: use train.memory_snapshot=false")
     check_model_on(c, device, architecture_of(c.model))
 
 

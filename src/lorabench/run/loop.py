@@ -27,6 +27,7 @@ from lorabench.measure import quality
 from lorabench.measure.loggers import MetricLogger
 from lorabench.measure.meter import MatmulProbe, NvmlSampler, StepMeter
 from lorabench.measure.metrics import hourly_price, memory_stats, summarize
+from lorabench.measure.memory_snapshot import MemorySnapshot
 from lorabench.measure.profile import StepProfiler
 from lorabench.measure.quality import EVAL_FILE, EvalLog, read_evals
 from lorabench.run import backends, checkpoints, checks, distributed, sharding
@@ -56,6 +57,7 @@ class Watch:
     callbacks: list
     probe: MatmulProbe | None
     evaluation: Evaluation | None = None  # quality.eval_every > 0: the held-out rows' collator and eval.jsonl
+    snapshot: MemorySnapshot | None = None  # train.memory_snapshot: the allocator's history over one step
 
 
 def measure(c: Config, run_dir: Path, result: CellResult, logger: MetricLogger, rank: int = 0) -> dict:
@@ -209,10 +211,12 @@ def watch_training(c: Config, device: torch.device, run_dir: Path, steps_file: P
     """The meter that times the steps after the untimed ones (Python's collector every `gc_every` steps: see
     StepMeter), the samplers, the matmul-width probe on the model's first decoder layer, and the callbacks."""
     sampler = NvmlSampler(device) if device.type == "cuda" else None
-    # Untimed: the first train.untimed_steps, then the profiled ones (profiling slows a step down).
-    untimed = c.train.untimed + c.train.profile_steps
-    log.info("timing: %d untimed steps%s, then %d timed", c.train.untimed,
+    # Untimed: the first train.untimed_steps, then the profiled ones (profiling slows a step down), then the one
+    # whose allocations are recorded (train.memory_snapshot).
+    untimed = c.train.untimed + c.train.profile_steps + int(c.train.memory_snapshot)
+    log.info("timing: %d untimed steps%s%s, then %d timed", c.train.untimed,
              f" and {c.train.profile_steps} profiled" if c.train.profile_steps else "",
+             " and 1 with the allocator's history recorded" if c.train.memory_snapshot else "",
              c.train.max_steps - untimed)
     meter = StepMeter(device, untimed, steps_file, sampler, earlier_steps=resume.earlier_steps, gc_every=gc_every)
     guard = Guard(c.train.host_memory_limit_gib)  # the host-memory watchdog; a signal's grace period
@@ -225,9 +229,13 @@ def watch_training(c: Config, device: torch.device, run_dir: Path, steps_file: P
     if c.train.profile_steps and rank == 0:  # one rank's profile: the others wait on it at the all-reduce
         profiler = StepProfiler(device, c.train.untimed, c.train.profile_steps, run_dir, meter)
         callbacks.insert(1, profiler)  # after the meter, whose step-end synchronisation it relies on
+    snapshot = None
+    if c.train.memory_snapshot and rank == 0:  # (checks: CUDA only)
+        snapshot = MemorySnapshot(device, c.train.untimed + c.train.profile_steps + 1, run_dir)
+        callbacks.append(snapshot)
     # Unsloth's kernels bypass the layer's forward and a compiled layer would trace the probe (see MatmulProbe)
     probe = MatmulProbe(first_layer) if c.backend.name is not Backend.unsloth and not c.backend.compile else None
-    return Watch(meter, sampler, guard, profiler, callbacks, probe)
+    return Watch(meter, sampler, guard, profiler, callbacks, probe, snapshot=snapshot)
 
 
 def training_arguments(c: Config, device: torch.device, ckpt_dir: Path, layer_class: str = "",
@@ -350,6 +358,8 @@ def collect_metrics(c: Config, device: torch.device, gpu: GpuConfig, model, para
         metrics.update(watch.sampler.summary())
     if watch.profiler:
         metrics.update(watch.profiler.result)
+    if watch.snapshot:
+        metrics.update(watch.snapshot.metrics())
     return metrics
 
 
