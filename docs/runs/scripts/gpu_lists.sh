@@ -31,7 +31,7 @@ pack_gpu() {  # pack_gpu <gpu>: what this GPU's list wrote in this call (its swe
   # $OUT/<call>_gpu<gpu>.tgz, one archive a GPU, written beside and renamed, so a cut call returns whole archives
   (cd $R && { echo log_$1.txt; [ $1 = 0 ] && echo gpu_tests.txt; cat .names_$1 2>/dev/null; } | sort -u \
     | xargs -r find 2>/dev/null | while read -r f; do [ -f "$f" ] && [ "$f" -nt .start_$call ] && echo "$f"; done \
-    | grep -vE '\.(pt|safetensors|html|png)$|checkpoint-' | tar czf $OUT/.${call}_gpu$1.tgz -T - \
+    | grep -vE '\.(pt|safetensors|html|png|pickle)$|checkpoint-' | tar czf $OUT/.${call}_gpu$1.tgz -T - \
     && mv $OUT/.${call}_gpu$1.tgz $OUT/${call}_gpu$1.tgz) 2>/dev/null
 }
 cores=$(( $(nproc) / $(nvidia-smi -L | wc -l) ))  # each GPU's share of the host's cores
@@ -48,9 +48,9 @@ rounds() {  # rounds <gpu> <name> <model> <n> <cell A> | <cell B> | <cell C>: n 
     done
   done; }
 pack_call() {  # pack_call <call>: what this call wrote (earlier calls' files came back with them), without
-  # weights, checkpoints or pages
+  # weights, checkpoints, pages or allocator snapshots
   echo "call $1: exit after $((SECONDS - t0)) s" | tee -a $R/log.txt
   (cd $R && find . -type f -newer .start_$1 ! -name '*.pt' ! -name '*.safetensors' ! -name '*.html' ! -name '*.png' \
-    ! -path '*checkpoint-*' | tar czf $OUT/$1.tgz -T -)
+    ! -name '*.pickle' ! -path '*checkpoint-*' | tar czf $OUT/$1.tgz -T -)
   ls -la $OUT
 }
