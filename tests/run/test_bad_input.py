@@ -272,11 +272,27 @@ def test_fla_on_hopper_under_an_old_triton_is_refused_before_the_model(monkeypat
         checks.check_model_on(qwen35, cuda, architecture_of(qwen35.model))
     mistral = OmegaConf.to_object(compose_cfg(["precision=bf16"]))
     checks.check_model_on(mistral, cuda, architecture_of(mistral.model))
-    # fast lets fla through where the model's key heads (Qwen3.5-9B's are 128 wide) do not take the miscompiled tile
+
+
+def test_fast_lets_fla_through_on_hopper_where_the_keys_take_another_tile(monkeypatch):
+    """backend=fast (fla_on_hopper): Qwen3.5-9B's 128-wide key heads take fla's 128 tile, which Triton 3.6 compiles
+    right: not refused; 64-wide ones take the miscompiled tile: refused as for hf."""
+    import importlib.metadata
+    import importlib.util
+
+    import torch
+
+    from lorabench.models import architecture_of
+    from lorabench.run import checks
+    real_version, real_find_spec = importlib.metadata.version, importlib.util.find_spec
+    monkeypatch.setattr(importlib.metadata, "version", lambda n: "3.6.0" if n == "triton" else real_version(n))
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda n, *a: object() if n == "fla" else None if n == "tilelang" else real_find_spec(n, *a))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    cuda = torch.device("cuda", 0)
     fast = OmegaConf.to_object(compose_cfg(["model=qwen3.5-9b", "precision=bf16", "backend=fast"]))
     checks.check_model_on(fast, cuda, architecture_of(fast.model))
-    if refused:
-        narrow = OmegaConf.to_object(compose_cfg(["model=qwen3.5-9b", "precision=bf16", "backend=fast",
-                                                  "model.hf_config.linear_key_head_dim=64"]))
-        with pytest.raises(RuntimeError, match=r"flash-linear-attention .* Triton 3.6.0"):
-            checks.check_model_on(narrow, cuda, architecture_of(narrow.model))
+    narrow = OmegaConf.to_object(compose_cfg(["model=qwen3.5-9b", "precision=bf16", "backend=fast",
+                                              "model.hf_config.linear_key_head_dim=64"]))
+    with pytest.raises(RuntimeError, match=r"flash-linear-attention .* Triton 3.6.0"):
+        checks.check_model_on(narrow, cuda, architecture_of(narrow.model))
