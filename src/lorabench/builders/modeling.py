@@ -339,13 +339,9 @@ def experts_set_aside(model):
     80 GB GPU runs out before its last layer), Qwen3-30B-A3B's 29.0B 116 GB, and the grouped GEMMs would run in
     fp32. transformers' expert kernels cast their input to the weights' dtype (integrations/moe.py), so the fp32
     norms' output meets bf16 experts as it meets bf16 layers. The experts come back frozen, the same tensors."""
-    aside = []
-    for name, module in model.named_modules():
-        if name.endswith("experts"):
-            for key, p in list(module._parameters.items()):
-                if p is not None and p.ndim == 3 and p.is_floating_point():
-                    aside.append((module, key, p))
-                    del module._parameters[key]
+    from lorabench.builders.experts_nf4 import expert_modules
+
+    aside = [(module, key, module._parameters.pop(key)) for _, module, keys in expert_modules(model) for key in keys]
     try:
         yield
     finally:

@@ -29,6 +29,7 @@ import functools
 import importlib.util
 import inspect
 import logging
+import sys
 import types
 
 import torch
@@ -80,8 +81,6 @@ def lift_hopper_refusal() -> bool:
 
     setattr(dqkwg, LIFTED, True)
     chunk_o.chunk_bwd_dqkwg = dqkwg
-    import sys
-
     for name, module in list(sys.modules.items()):  # the rules' modules imported it by name (gated_delta_rule.chunk)
         if (name == "fla" or name.startswith("fla.")) and getattr(module, "chunk_bwd_dqkwg", None) is original:
             module.chunk_bwd_dqkwg = dqkwg

@@ -127,6 +127,22 @@ def _layer(layer) -> LayerCensus:
     return LayerCensus(tuple(linear), tuple(experts), attention, state, tuple(odd))
 
 
+def saved_bytes(run) -> int:
+    """Bytes of the tensors autograd saves for the backward while `run()` runs: a tensor saved twice, or a view of
+    one, is held once, by its storage."""
+    import torch
+
+    kept = {}
+
+    def pack(t):
+        kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        run()
+    return sum(kept.values())
+
+
 @functools.lru_cache(maxsize=8)
 def delta_rule_bytes(heads: tuple) -> float:
     """Bytes a token of transformers' PyTorch chunked gated delta rule (Qwen3.5's linear attention, where
@@ -144,15 +160,10 @@ def delta_rule_bytes(heads: tuple) -> float:
     v = torch.randn(1, tokens, v_heads, v_dim, generator=g).bfloat16().requires_grad_()
     decay = (-torch.rand(1, tokens, v_heads, generator=g)).requires_grad_()
     beta = torch.rand(1, tokens, v_heads, generator=g).bfloat16().requires_grad_()
-    kept = {}
-
-    def pack(t):  # a tensor saved twice, or a view of one, is held once: by its storage
-        kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autocast("cpu", dtype=torch.bfloat16), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        modeling_qwen3_5.torch_chunk_gated_delta_rule(q, k, v, g=decay, beta=beta, use_qk_l2norm_in_kernel=True)
-    return sum(kept.values()) / tokens
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        kept = saved_bytes(lambda: modeling_qwen3_5.torch_chunk_gated_delta_rule(
+            q, k, v, g=decay, beta=beta, use_qk_l2norm_in_kernel=True))
+    return kept / tokens
 
 
 @functools.lru_cache(maxsize=16)
@@ -171,17 +182,7 @@ def eager_scores_bytes(model_type: str) -> float:
     cfg = AutoConfig.for_model(model_type, **{**TINY_SHAPE, **FAMILIES[model_type].tiny})
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation="eager").train()
-    saved = []
-    for seq in (16, 32, 48):
-        kept = {}
-
-        def pack(t):  # a tensor saved twice, or a view of one, is held once: by its storage
-            kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-            return t
-
-        ids = torch.arange(seq).remainder(cfg.vocab_size)[None]
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            model(input_ids=ids)
-        saved.append(sum(kept.values()))
+    saved = [saved_bytes(lambda: model(input_ids=torch.arange(seq).remainder(cfg.vocab_size)[None]))
+             for seq in (16, 32, 48)]
     quadratic = (saved[2] - 2 * saved[1] + saved[0]) / 2 / 16**2  # B(s) = c + a s + b s^2: 2 b 16^2
     return quadratic / (cfg.num_hidden_layers * cfg.num_attention_heads)

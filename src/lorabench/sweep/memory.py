@@ -133,7 +133,7 @@ class MemoryModel:
     tokens: TokenBytes
     weights_gib: float
     lora_gib: float
-    experts_gib: float = 0.0  # lora.experts: every MoE layer's merged expert weights together (see above)
+    experts_gib: float = 0.0  # every MoE layer's merged (lora.experts) or dequantised (experts_nf4) experts together
     expert_layers: int = 0  # the MoE layers they are spread over
 
     @classmethod
@@ -162,7 +162,7 @@ class MemoryModel:
         tile = tb.mlp * min(plan.tile, tokens) if plan.tile else 0.0
         inputs = n * plan.recomputed * tb.recomputed * tokens
         logits = tb.logits * tokens
-        one_layer = self.experts_gib / max(self.expert_layers, 1)  # a layer's merged expert weights
+        one_layer = self.experts_gib / max(self.expert_layers, 1)  # a layer's merged or dequantised experts
         scores = tb.scores * batch * seq_len**2  # one layer's eager softmax over the batch
         return Breakdown(
             weights=self.weights_gib, lora=self.lora_gib,
@@ -180,7 +180,7 @@ class MemoryModel:
 
     def layout_gib(self, plan: Plan, seq_len: int) -> float:
         """What the plan holds whatever the batch: the merged expert weights of the layers it keeps and of the layer
-        in its backward (lora.experts), else 0."""
+        in its backward (lora.experts, precision.experts_nf4), else 0."""
         return self.breakdown(plan, seq_len, 0).activations
 
 
