@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The checkpoints users bring now and the recipes they run, measured on one GPU, a list of steps over calls:
+#   bash docs/runs/scripts/2026-12-07_one_gpu.sh <commit> <call> "<steps>"      (call: c1, c2, ...; steps: "1 3")
+# carrying .whl/ (device-wheels.sh), .whl_unsloth/ and .whl_fla/ (fla-core 0.6.0 and einops: Qwen3.5's linear
+# attention in fast through backend.fla_on_hopper; moved aside for hf's cells, which fla refuses on Hopper under
+# Triton 3.6, so hf runs transformers' PyTorch rule, and for Unsloth's, which runs its own vendored copy of fla).
+# A step that finished in an earlier call on the same machine is passed over; what each wrote comes back packed.
+#   1  GPU tests: the 2026 families, flex attention (gpt-oss's sinks), fla against the PyTorch rule, experts in nf4
+#   2  gpt-oss-20b within 22 GiB, experts in nf4 and adapted: fast's and hf's searches
+#   3  Qwen3.5-9B at seq 1024 within 22 GiB: fast (fla), hf (PyTorch rule), Unsloth (its own fla)
+#   4  the longest row at batch 1 within 22 GiB (Llama-3.1-8B): fast, Unsloth
+#   5  Gemma-4-31B within 22 GiB: fast, hf, Unsloth
+#   6  LoRA on every linear layer (r16) of Mistral-7B at seq 1024 within 22 GiB: fast, Unsloth, hf
+set -u
+LIMIT_S=${LIMIT_S:-540}; source "$(dirname "$0")/device_setup.sh" "$@"
+source "$(dirname "$0")/gpu_lists.sh" "$@"
+steps=${3:-1 2 3 4}
+tune="-m +experiment=tune train.max_steps=12 train.untimed_steps=4 seq_len=1024"; search="$tune gpu=a10"
+small="search.max_cells=4 search.batches=[2,4,8,16]"
+no_fla() { [ -d /tmp/site/fla ] && mv /tmp/site/fla /tmp/fla_aside; true; }
+with_fla() { [ -d /tmp/fla_aside ] && mv /tmp/fla_aside /tmp/site/fla; true; }
+step1() {  # the families' test takes transformers' PyTorch rule for Qwen3.5 (fla aside), then fla against it
+  [ -f $R/gpu_tests.txt ] && return 0
+  no_fla; timeout 240 python3 -m pytest -q -m gpu tests/fast/test_fast_arch.py tests/models/test_experts_nf4.py \
+    -k "2026_families or flex or experts" > $R/gpu_tests.txt 2>&1
+  with_fla; timeout 90 python3 -m pytest -q -m gpu tests/fast/test_fast_arch.py -k fla_computes \
+    >> $R/gpu_tests.txt 2>&1
+  grep -E "passed|failed" $R/gpu_tests.txt; pack_gpu 0
+}
+step2() {
+  local oss="$search model=gpt-oss-20b data=synthetic precision.experts_nf4=true lora.experts=true lora.dropout=0"
+  for b in fast hf; do
+    sweep 0 gpt-oss-20b_nf4_experts_$b $oss search.max_cells=3 search.batches=[1,2,4] backend=$b || return
+  done
+}
+step3() {
+  with_fla; sweep 0 qwen3.5-9b_fast $search model=qwen3.5-9b data=synthetic $small backend=fast || return
+  no_fla; sweep 0 qwen3.5-9b_unsloth $search model=qwen3.5-9b data=synthetic $small backend=unsloth || return
+  sweep 0 qwen3.5-9b_hf $search model=qwen3.5-9b data=synthetic $small backend=hf; local rc=$?; with_fla
+  return $rc
+}
+step4() {
+  # where a long row's memory goes (memory_at_peak.json; the pickle is left out of the pack: gpu_lists' pack_gpu
+  # must exclude *.pickle)
+  sweep 0 llama-3.1-8b_65k_snapshot -m +experiment=seed_optimum train.max_steps=6 train.untimed_steps=2 gpu=a10 \
+    model=llama-3.1-8b data=synthetic seq_len=65536 batch=1 $ckpt=1 train.offload_checkpoints=true \
+    backend.tiled_mlp=4096 train.memory_snapshot=true backend=fast || return
+  for b in fast unsloth; do
+    sweep 0 llama-3.1-8b_max_context_$b -m +experiment=max_context gpu=a10 model=llama-3.1-8b search.max_cells=6 \
+      backend=$b || return
+  done
+}
+step5() {
+  for b in fast hf unsloth; do
+    sweep 0 gemma-4-31b_$b $search model=gemma-4-31b data=synthetic search.max_cells=3 search.batches=[1,2,4] \
+      backend=$b || return
+  done
+}
+step6() {
+  for b in fast unsloth hf; do
+    sweep 0 mistral-7b_all_linear_$b $search lora=all_linear $small backend=$b || return
+  done
+}
+for s in $steps; do step$s || break; done
+echo "call $2: exit after $((SECONDS - t0)) s" | tee -a $R/log.txt; pack_gpu 0
