@@ -10,7 +10,7 @@
 #   3  Qwen3.5-9B at seq 1024 within 22 GiB: fast (fla), hf (PyTorch rule), Unsloth (its own fla)
 #   4  the longest row at batch 1 within 22 GiB (Llama-3.1-8B): fast, Unsloth
 #   5  Gemma-4-31B within 22 GiB: fast, hf, Unsloth
-#   6  LoRA on every linear layer (r16) of Mistral-7B at seq 1024 within 22 GiB: fast, Unsloth, hf
+#   6  LoRA r32 on every linear layer of Mistral-7B at seq 4096 within 22 GiB: fast, Unsloth, hf
 set -u
 LIMIT_S=${LIMIT_S:-540}; source "$(dirname "$0")/device_setup.sh" "$@"
 source "$(dirname "$0")/gpu_lists.sh" "$@"
@@ -56,9 +56,11 @@ step5() {
       backend=$b || return
   done
 }
-step6() {
+step6() {  # QLoRA's and Unsloth's own recipe, r32 on every linear layer, at rows of 4,096 tokens
+  local wide="-m +experiment=tune train.max_steps=10 train.untimed_steps=3 seq_len=4096 gpu=a10 lora=all_linear"
   for b in fast unsloth hf; do
-    sweep 0 mistral-7b_all_linear_$b $search lora=all_linear $small backend=$b || return
+    sweep 0 mistral-7b_all_linear_r32_4k_$b $wide lora.r=32 lora.alpha=64 search.max_cells=3 search.batches=[1,2,4] \
+      backend=$b || return
   done
 }
 for s in $steps; do step$s || break; done
