@@ -39,16 +39,15 @@ step3() {
   sweep 0 qwen3.5-9b_hf $search model=qwen3.5-9b data=synthetic $small backend=hf; local rc=$?; with_fla
   return $rc
 }
-step4() {
-  # where a long row's memory goes (memory_at_peak.json; the pickle is left out of the pack: gpu_lists' pack_gpu
-  # must exclude *.pickle)
-  sweep 0 llama-3.1-8b_65k_snapshot -m +experiment=seed_optimum train.max_steps=6 train.untimed_steps=2 gpu=a10 \
-    model=llama-3.1-8b data=synthetic seq_len=65536 batch=1 $ckpt=1 train.offload_checkpoints=true \
-    backend.tiled_mlp=4096 train.memory_snapshot=true backend=fast || return
+step4() {  # 4 cells a backend from 49,152 tokens up (fast's longest measured before: 67,328), 2 timed steps a cell
   for b in fast unsloth; do
-    sweep 0 llama-3.1-8b_max_context_$b -m +experiment=max_context gpu=a10 model=llama-3.1-8b search.max_cells=6 \
-      backend=$b || return
+    sweep 0 llama-3.1-8b_max_context_$b -m +experiment=max_context gpu=a10 model=llama-3.1-8b search.max_cells=4 \
+      search.min_seq_len=49152 train.max_steps=4 train.untimed_steps=2 backend=$b || return
   done
+  # where a long row's memory goes (memory_at_peak.json; pack_gpu leaves the allocator's pickle out)
+  sweep 0 llama-3.1-8b_65k_snapshot -m +experiment=seed_optimum train.max_steps=4 train.untimed_steps=2 gpu=a10 \
+    model=llama-3.1-8b data=synthetic seq_len=65536 batch=1 $ckpt=1 train.offload_checkpoints=true \
+    backend.tiled_mlp=4096 train.memory_snapshot=true backend=fast
 }
 step5() {
   for b in fast hf unsloth; do
