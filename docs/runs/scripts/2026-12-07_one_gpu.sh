@@ -11,6 +11,7 @@
 #   4  the longest row at batch 1 within 22 GiB (Llama-3.1-8B): fast, Unsloth
 #   5  Gemma-4-31B within 22 GiB: fast, hf, Unsloth
 #   6  LoRA r32 on every linear layer of Mistral-7B at seq 4096 within 22 GiB: fast, Unsloth, hf
+#   7  step 3 in two cells a backend (fast, hf, Unsloth)
 set -u
 LIMIT_S=${LIMIT_S:-540}; source "$(dirname "$0")/device_setup.sh" "$@"
 source "$(dirname "$0")/gpu_lists.sh" "$@"
@@ -61,6 +62,13 @@ step6() {  # QLoRA's and Unsloth's own recipe, r32 on every linear layer, at row
     sweep 0 mistral-7b_all_linear_r32_4k_$b $wide lora.r=32 lora.alpha=64 search.max_cells=3 search.batches=[1,2,4] \
       backend=$b || return
   done
+}
+step7() {  # step 3 in two cells a backend, at the batches each backend's earlier search found best
+  local q="$search model=qwen3.5-9b data=synthetic search.max_cells=2"
+  with_fla; sweep 0 qwen3.5-9b_fast $q search.batches=[8,16] backend=fast || return
+  no_fla; sweep 0 qwen3.5-9b_hf $q search.batches=[2,4] backend=hf || return
+  sweep 0 qwen3.5-9b_unsloth $q search.batches=[8,16] backend=unsloth; local rc=$?; with_fla
+  return $rc
 }
 for s in $steps; do step$s || break; done
 echo "call $2: exit after $((SECONDS - t0)) s" | tee -a $R/log.txt; pack_gpu 0
