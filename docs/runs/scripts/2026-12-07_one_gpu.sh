@@ -40,7 +40,7 @@ step3() {
   sweep 0 qwen3.5-9b_hf $search model=qwen3.5-9b data=synthetic $small backend=hf; local rc=$?; with_fla
   return $rc
 }
-step4() {  # 4 cells a backend from 49,152 tokens up (fast's longest measured before: 67,328), 2 timed steps a cell
+step4() {  # 4 cells a backend from 49,152 tokens up, 2 timed steps a cell
   for b in fast unsloth; do
     sweep 0 llama-3.1-8b_max_context_$b -m +experiment=max_context gpu=a10 model=llama-3.1-8b search.max_cells=4 \
       search.min_seq_len=49152 train.max_steps=4 train.untimed_steps=2 backend=$b || return
