@@ -5,19 +5,19 @@
 # attention in fast through backend.fla_on_hopper; moved aside for hf's cells, which fla refuses on Hopper under
 # Triton 3.6, so hf runs transformers' PyTorch rule, and for Unsloth's, which runs its own vendored copy of fla).
 # A step that finished in an earlier call on the same machine is passed over; what each wrote comes back packed.
-#   1  GPU tests: the 2026 families, flex attention (gpt-oss's sinks), fla against the PyTorch rule, experts in nf4
+#   1  GPU tests: the 2026 families (gpt-oss's sinks in flex attention), Gemma-2's flex attention, experts in nf4,
+#      fla against the PyTorch rule
 #   2  gpt-oss-20b within 22 GiB, experts in nf4 and adapted: fast's and hf's searches
 #   3  Qwen3.5-9B at seq 1024 within 22 GiB: fast (fla), hf (PyTorch rule), Unsloth (its own fla)
 #   4  the longest row at batch 1 within 22 GiB (Llama-3.1-8B): fast, Unsloth
 #   5  Gemma-4-31B within 22 GiB: fast, hf, Unsloth
 #   6  LoRA r32 on every linear layer of Mistral-7B at seq 4096 within 22 GiB: fast, Unsloth, hf
-#   7  step 3 in two cells a backend (fast, hf, Unsloth)
+#   7  step 3 in two cells a backend, at the batches each backend's earlier search found best
 set -u
 LIMIT_S=${LIMIT_S:-540}; source "$(dirname "$0")/device_setup.sh" "$@"
 source "$(dirname "$0")/gpu_lists.sh" "$@"
 steps=${3:-1 2 3 4}
 tune="-m +experiment=tune train.max_steps=12 train.untimed_steps=4 seq_len=1024"; search="$tune gpu=a10"
-small="search.max_cells=4 search.batches=[2,4,8,16]"
 no_fla() { [ -d /tmp/site/fla ] && mv /tmp/site/fla /tmp/fla_aside; true; }
 with_fla() { [ -d /tmp/fla_aside ] && mv /tmp/fla_aside /tmp/site/fla; true; }
 step1() {  # the families' test takes transformers' PyTorch rule for Qwen3.5 (fla aside), then fla against it
@@ -34,12 +34,14 @@ step2() {
     sweep 0 gpt-oss-20b_nf4_experts_$b $oss search.max_cells=3 search.batches=[1,2,4] backend=$b || return
   done
 }
-step3() {
-  with_fla; sweep 0 qwen3.5-9b_fast $search model=qwen3.5-9b data=synthetic $small backend=fast || return
-  no_fla; sweep 0 qwen3.5-9b_unsloth $search model=qwen3.5-9b data=synthetic $small backend=unsloth || return
-  sweep 0 qwen3.5-9b_hf $search model=qwen3.5-9b data=synthetic $small backend=hf; local rc=$?; with_fla
+qwen35() {  # qwen35 <cells a backend> <fast's and Unsloth's batches> <hf's batches>
+  local q="$search model=qwen3.5-9b data=synthetic search.max_cells=$1"
+  with_fla; sweep 0 qwen3.5-9b_fast $q search.batches=$2 backend=fast || return
+  no_fla; sweep 0 qwen3.5-9b_hf $q search.batches=$3 backend=hf || { with_fla; return 1; }
+  sweep 0 qwen3.5-9b_unsloth $q search.batches=$2 backend=unsloth; local rc=$?; with_fla
   return $rc
 }
+step3() { qwen35 4 [2,4,8,16] [2,4,8,16]; }
 step4() {  # 4 cells a backend from 49,152 tokens up, 2 timed steps a cell
   for b in fast unsloth; do
     sweep 0 llama-3.1-8b_max_context_$b -m +experiment=max_context gpu=a10 model=llama-3.1-8b search.max_cells=4 \
@@ -63,12 +65,6 @@ step6() {  # QLoRA's and Unsloth's own recipe, r32 on every linear layer, at row
       backend=$b || return
   done
 }
-step7() {  # step 3 in two cells a backend, at the batches each backend's earlier search found best
-  local q="$search model=qwen3.5-9b data=synthetic search.max_cells=2"
-  with_fla; sweep 0 qwen3.5-9b_fast $q search.batches=[8,16] backend=fast || return
-  no_fla; sweep 0 qwen3.5-9b_hf $q search.batches=[2,4] backend=hf || return
-  sweep 0 qwen3.5-9b_unsloth $q search.batches=[8,16] backend=unsloth; local rc=$?; with_fla
-  return $rc
-}
+step7() { qwen35 2 [8,16] [2,4]; }
 for s in $steps; do step$s || break; done
 echo "call $2: exit after $((SECONDS - t0)) s" | tee -a $R/log.txt; pack_gpu 0
