@@ -24,7 +24,10 @@ dequantises them into such a tensor, which the expert matmuls keep for their bac
 Per token, once:
   working     the layer in its backward (the one being recomputed, with checkpointing) holds its activations
               and their gradients: 2 x kept; with the MLP tiled (backend.tiled_mlp) its [tokens x
-              intermediate] tensors for one tile of tokens only
+              intermediate] tensors for one tile of tokens only. Its attention's backward (flash attention,
+              PyTorch's and Dao's alike) adds a float32 accumulator of the query gradient (q_dim x 4 bytes) and,
+              where fewer key/value heads serve the query heads, key and value gradients at the query heads'
+              width before they are summed (2 x q_dim x w): 32 KB a token on Llama-3.1-8B, 2 GiB at 65,536
   logits      the loss: hf's fp32 logits, log-softmax and both gradients, 4 x vocab x 4 bytes (2 MiB a token
               on Llama-3's 128,256 words: hf's context ends here first); Liger's fused linear cross-entropy
               (fast) one chunk of at most ce_chunk_mem x hidden values a token; Unsloth's fused loss fp32
@@ -87,6 +90,7 @@ class TokenBytes:
     rule: float = 0.0  # a linear-attention layer's delta rule, through transformers' PyTorch path (in `kept`
     rule_share: float = 0.0  # at this share of the layers: `kept` is the mean over the layers)
     scores: float = 0.0  # eager attention: bytes a layer keeps per [query x key] pair of a row, all heads
+    attention: float = 0.0  # the attention's backward: its float32 dq accumulator and GQA's expanded dk/dv
 
 
 @dataclass(frozen=True)
@@ -168,7 +172,7 @@ class MemoryModel:
             weights=self.weights_gib, lora=self.lora_gib,
             kept=(n * kept_frac * (per_layer * tokens + scores)) / GIB + kept_frac * self.experts_gib,
             inputs=0.0 if plan.inputs_offloaded else inputs / GIB,
-            working=(2 * (layer * tokens + tile + scores) + tb.rule * tokens) / GIB + 2 * one_layer,
+            working=(2 * (layer * tokens + tile + scores) + (tb.rule + tb.attention) * tokens) / GIB + 2 * one_layer,
             logits=(min(logits, tb.logits_cap) if tb.logits_cap else logits) / GIB,
             mask=batch * seq_len**2 / GIB if tb.mask else 0.0, slack=SLACK_GIB,
             host=(n * plan.offloaded * per_layer * tokens + (inputs if plan.inputs_offloaded else 0.0)) / GIB
@@ -222,7 +226,9 @@ def token_bytes_of(c, a) -> TokenBytes:
     # (a family without a row: transformers' generic eager attention, Llama's)
     scores = census.eager_scores_bytes(a.model_type if a.known else "llama") * a.heads if eager else 0.0
     share = a.linear_layers() / a.layers
-    return TokenBytes(kept + share * rule, 2 * ff * w, recomputed, logits, cap, mask, rule, share, scores)
+    # flash attention's backward workspace (eager attention's is its scores, counted above)
+    attention = 0.0 if eager else a.q_dim * (4 + (2 * w if a.kv_heads < a.heads else 0))
+    return TokenBytes(kept + share * rule, 2 * ff * w, recomputed, logits, cap, mask, rule, share, scores, attention)
 
 
 def eager_attention(c, a) -> bool:
