@@ -13,6 +13,7 @@
 #   5  Gemma-4-31B within 22 GiB: fast, hf, Unsloth
 #   6  LoRA r32 on every linear layer of Mistral-7B at seq 4096 within 22 GiB: fast, Unsloth, hf
 #   7  step 3 in two cells a backend, at the batches each backend's earlier search found best
+#   8  Qwen3.6-35B-A3B (MoE) on the whole GPU at seq 1024, experts in nf4 (fast, hf) and Unsloth's own loading
 set -u
 LIMIT_S=${LIMIT_S:-540}; source "$(dirname "$0")/device_setup.sh" "$@"
 source "$(dirname "$0")/gpu_lists.sh" "$@"
@@ -66,5 +67,13 @@ step6() {  # QLoRA's and Unsloth's own recipe, r32 on every linear layer, at row
   done
 }
 step7() { qwen35 2 [8,16] [2,4]; }
+step8() {  # the whole card: gpu=h200 or gpu=h100, as nvidia-smi names it
+  local card=h100; nvidia-smi -L | grep -q H200 && card=h200
+  local moe="$tune gpu=$card model=qwen3.6-35b-a3b data=synthetic search.max_cells=2 search.batches=[8,16,32]"
+  with_fla; sweep 0 qwen3.6-35b-a3b_${card}_fast $moe precision.experts_nf4=true backend=fast || return
+  no_fla; sweep 0 qwen3.6-35b-a3b_${card}_hf $moe precision.experts_nf4=true backend=hf || { with_fla; return 1; }
+  sweep 0 qwen3.6-35b-a3b_${card}_unsloth $moe backend=unsloth; local rc=$?; with_fla
+  return $rc
+}
 for s in $steps; do step$s || break; done
 echo "call $2: exit after $((SECONDS - t0)) s" | tee -a $R/log.txt; pack_gpu 0
