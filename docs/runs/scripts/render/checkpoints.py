@@ -2,27 +2,15 @@
 compiled and without, hf, Unsloth), Gemma-4-31B and gpt-oss-20b (its experts adapted) on the whole GPU, which fast
 part moves Qwen3.5's gate gradients, and fast's longest row of Llama-3.1-8B within 22 GiB."""
 import json
-import re
 
 from .recipes import family_tests
-from .runs import RUNS, bests, cell, command, commit, gpu, link, md_table, ratio, software, tok
+from .runs import RUNS, bests, cell, command, commit, failed, gpu, link, md_table, ratio, software, tok
 
 RUN = "2026-12-06_h100_checkpoints"  # one list of sweeps on one GPU, in turn (scripts/2026-12-06_one_gpu.sh)
 
 
 def _gib(r) -> str:
     return f"{r.metrics['mem/peak_reserved_gib']:.1f}"
-
-
-def _failed(sweep: str) -> str:
-    """Why every cell of a sweep that measured none failed: its first cell's error line, or the OOMs' peaks."""
-    cells = sorted(p.parent for p in (RUNS / RUN / sweep).glob("*/metrics.json"))
-    results = [json.loads((d / "metrics.json").read_text()) for d in cells]
-    if all(r["status"] == "oom" for r in results):
-        peaks = ", ".join(f"{r['metrics']['mem/peak_reserved_gib']:.1f}" for r in results)
-        return f"every cell ran out of memory ({len(results)} cells, peak reserved {peaks} GiB)"
-    error = results[0]["error"]
-    return re.sub(r"^RuntimeError: rank 0 of 1: |\s*\(torchrun exit code.*$", "", error)
 
 
 def _row(label: str, r, hf) -> list:
@@ -38,7 +26,7 @@ def qwen35() -> str:
             _row("fast as it ships (the rule as transformers runs it): b16 ckpt 1, fast's best layout in "
                  "the earlier search", eager, hf.cell),
             _row(f"hf: best {hf.layout}", hf.cell, hf.cell),
-            ["Unsloth: refused before its model by lorabench's check (above): " + _failed("qwen3.5-9b_unsloth"),
+            ["Unsloth: refused before its model by lorabench's check (above): " + failed(f"{RUN}/qwen3.5-9b_unsloth"),
              "-", "-", "-", "-"]]
     return md_table(["Qwen3.5-9B", "tok/s", "GiB", "MFU %", "over hf"], rows)
 
@@ -47,9 +35,9 @@ def whole_gpu() -> str:
     fast, hf = bests(f"{RUN}/gemma-4-31b_fast")["fast"], bests(f"{RUN}/gemma-4-31b_hf")["hf"]
     rows = [["Gemma-4-31B, LoRA r16 on q/k/v/o", f"{fast.layout}: {tok(fast.cell):,.0f} tok/s, {_gib(fast.cell)} GiB",
              f"{hf.layout}: {tok(hf.cell):,.0f} tok/s, {_gib(hf.cell)} GiB", ratio(tok(fast.cell) / tok(hf.cell)),
-             "failed in lorabench's reading of the config Unsloth wraps (above): " + _failed("gemma-4-31b_unsloth")],
-            ["gpt-oss-20b, LoRA r16 on q/k/v/o and every expert (`lora.experts=true`)", _failed("gpt-oss-20b_fast"),
-             _failed("gpt-oss-20b_hf"), "-", "not run (lorabench runs Unsloth without expert adapters)"]]
+             "failed in lorabench's reading of the config Unsloth wraps (above): " + failed(f"{RUN}/gemma-4-31b_unsloth")],
+            ["gpt-oss-20b, LoRA r16 on q/k/v/o and every expert (`lora.experts=true`)", failed(f"{RUN}/gpt-oss-20b_fast"),
+             failed(f"{RUN}/gpt-oss-20b_hf"), "-", "not run (lorabench runs Unsloth without expert adapters)"]]
     return md_table(["model", "fast's best", "hf's best", "fast over hf", "Unsloth"], rows)
 
 

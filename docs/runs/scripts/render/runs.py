@@ -1,5 +1,7 @@
 """Reading the committed run dirs under docs/runs: a cell, a search's best cells, the command a sweep ran, the GPU
 and software it ran on. Every figure the pages print comes through here, from the files the runs wrote."""
+import json
+import re
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +54,18 @@ def bests(sweep: str) -> dict[str, Best]:
             measured = sum(t.job is not None for t in s.trials)
             out[s.backend] = Best(s.backend, r, measured, len(s.trials) - measured, s.cut_short)
     return out
+
+
+def failed(sweep: str) -> str:
+    """Why every cell of a sweep that measured none failed: its first cell's error line, or the OOMs' peaks."""
+    results = [json.loads(p.read_text()) for p in sorted((RUNS / sweep).glob("*/metrics.json"))]
+    if not results:
+        return "not run"
+    if all(r["status"] == "oom" for r in results):
+        peaks = ", ".join(f"{r['metrics']['mem/peak_reserved_gib']:.1f}" for r in results)
+        return f"every cell ran out of memory ({len(results)} cells, peak reserved {peaks} GiB)"
+    error = results[0]["error"]
+    return re.sub(r"^RuntimeError: rank 0 of 1: |\s*\(torchrun exit code.*$", "", error)
 
 
 def command(sweep: str, script: str = "train.py") -> str:
