@@ -57,7 +57,8 @@ REFUSED = {
            f"gemma3_text/phi3/granite; {t} is not among them",
            ["backend.varlen_attention=false", "backend.fused_lora=false", *rest]) for t, rest in (
         ("gemma4_text", ["backend.fused_mlp=false", "backend.fused_add_norm=false", "backend.cuda_graphs=false"]),
-        ("gpt_oss", ["backend.fused_mlp=false", "backend.fused_add_norm=false", "backend.cuda_graphs=false"]),
+        ("gpt_oss", ["backend.flex_attention=false", "backend.fused_mlp=false", "backend.fused_add_norm=false",
+                     "backend.cuda_graphs=false"]),
         ("llama4_text", ["backend.fused_mlp=false", "backend.fused_add_norm=false", "backend.cuda_graphs=false"]),
         ("olmo3", ["backend.fused_add_norm=false"]), ("olmo2", ["backend.fused_add_norm=false"]),
         ("ministral3", []), ("smollm3", []))},
@@ -405,17 +406,19 @@ def test_flex_attention_computes_gemma2_s_soft_capped_attention_on_cpu(monkeypat
 
 
 def test_flex_attention_leaves_attention_without_a_soft_cap_or_sinks_and_cells_off_cuda_as_they_are(monkeypatch):
-    """Where flex attention trains (CUDA), Gemma-2's soft-capped attention and gpt-oss's sinks go to it, Mistral's
-    plain attention stays; on the CPU (no flex backward there) every one stays. Its exactness with sinks, the
-    backward through the log-sum-exp included: test_fast_path_computes_the_2026_families_models_on_gpu[gpt_oss]."""
+    """Where flex attention trains (CUDA), Gemma-2's soft-capped attention goes to it, Mistral's plain attention
+    stays; on the CPU (no flex backward there) every one stays. gpt-oss's sinks stay eager, and fit_parts says why
+    (its LoRA gradients through flex leave the family GPU test's bound)."""
     cpu, c = torch.device("cpu"), fast_cfg("backend.flex_attention=true", "backend.varlen_attention=false")
     for model_type in ("mistral", "gemma2", "gpt_oss"):
         model = parts.apply(build(model_type, torch.float32), c, cpu, parts.Stage.BEFORE_LORA)
         assert model.config._attn_implementation == "eager"
     monkeypatch.setattr(parts, "flex_runs_on", lambda device: True)
-    for model_type, flex in (("mistral", False), ("gemma2", True), ("gpt_oss", True)):
+    for model_type, flex in (("mistral", False), ("gemma2", True), ("gpt_oss", False)):
         model = parts.apply(build(model_type, torch.float32), c, cpu, parts.Stage.BEFORE_LORA)
         assert (model.config._attn_implementation == "flex_attention") == flex, model_type
+    refusal = parts.PART["flex_attention"].lacks(parts.features(build("gpt_oss", torch.float32).config), c)
+    assert refusal.off == {"flex_attention": False} and "gpt_oss's sinks" in refusal.reason
 
 
 def test_a_part_the_architecture_lacks_is_refused_by_name_or_turned_off_and_recorded(tmp_path):

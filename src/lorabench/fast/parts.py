@@ -264,6 +264,16 @@ def _packing_lacks(f: Features, c: Config) -> Refusal | None:
     return None
 
 
+def _flex_lacks(f: Features, c: Config) -> Refusal | None:
+    # Measured on an H100 (torch 2.11): gpt-oss's tiny model through flex attention with its sinks renormalised by the
+    # log-sum-exp gave a key projection's LoRA gradient 3.0% from float64's where hf's eager attention is 0.6% away
+    # (the family GPU test's bound 1.6%); Gemma-2's soft-cap in flex passes the same test.
+    if f.attn_sinks:
+        return Refusal(f"with {f.model_type}'s sinks leaves its key projections' LoRA gradients beyond bf16's bound on "
+                       "CUDA; its attention stays eager", {"flex_attention": False})
+    return None
+
+
 def _varlen_lacks(f: Features, c: Config) -> Refusal | None:
     if not f.known or f.model_type not in ATTENTION:
         return Refusal(f"replaces the attention of {'/'.join(ATTENTION)}; {f.model_type} is not among them",
@@ -391,17 +401,14 @@ def flex_runs_on(device: torch.device) -> bool:
 
 
 def _apply_flex(model, c: Config, device: torch.device, f: Features):
-    if f.attn_softcap is None and not f.attn_sinks:
-        log.info("backend.flex_attention acts on attention that soft-caps its logits or has sinks; %s has neither: "
-                 "its attention stays %s", f.model_type, model.config._attn_implementation)
+    if f.attn_softcap is None:
+        log.info("backend.flex_attention acts on attention that soft-caps its logits; %s does not: its attention "
+                 "stays %s", f.model_type, model.config._attn_implementation)
     elif flex_runs_on(device):
         # transformers' flex path: the soft-cap as score_mod, masks (causal, sliding window, packed samples from
-        # position_ids) as a BlockMask, the sinks by renormalising each query's output with the kernel's
-        # log-sum-exp (exp(lse) / (exp(lse) + exp(sink)): the sink's share of the softmax, gradients through both);
-        # the kernel is compiled once per process.
+        # position_ids) as a BlockMask; the kernel is compiled once per process.
         model.set_attn_implementation("flex_attention")
-        log.info("attention with %s as flex attention",
-                 f"soft-capped logits ({f.attn_softcap:g})" if f.attn_softcap is not None else "sinks")
+        log.info("attention with soft-capped logits (%g) as flex attention", f.attn_softcap)
     return model
 
 
@@ -536,10 +543,10 @@ PARTS = (
          "sample starts, instead of SDPA with a block-diagonal mask: no mask, and keys and values keep their heads "
          "instead of being repeated to the query heads' count (lorabench.fast.packed_attention)",
          Stage.BEFORE_LORA, Cuda.ONLY, lacks=_varlen_lacks, apply=_apply_varlen),
-    Part("flex_attention", "soft-capped attention (Gemma-2) and attention with sinks (gpt-oss) as PyTorch's flex "
-         "attention, the cap a score_mod inside its kernel, the sinks a renormalisation by its log-sum-exp: one "
-         "float per query and head kept for the backward, where transformers' eager attention (SDPA has neither) "
-         "keeps a [seq x seq] softmax a head", Stage.BEFORE_LORA, Cuda.ONLY, apply=_apply_flex),
+    Part("flex_attention", "soft-capped attention (Gemma-2) as PyTorch's flex attention, the cap a score_mod inside "
+         "its kernel: one float per query and head kept for the backward, where transformers' eager attention (SDPA "
+         "cannot cap) keeps a [seq x seq] softmax a head", Stage.BEFORE_LORA, Cuda.ONLY, lacks=_flex_lacks,
+         apply=_apply_flex),
     Part("liger", "Liger-Kernel's RMSNorm, RoPE, gated MLP (swiglu: SwiGLU, or GeGLU on Gemma) and fused linear "
          "cross-entropy (the loss chunk by chunk from the last hidden states: no logits tensor), through Liger's "
          "patch for the architecture (LIGER)", Stage.BEFORE_LORA, Cuda.REQUIRED, lacks=_liger_lacks,

@@ -37,7 +37,7 @@ Per token, once:
               memory-efficient SDPA, varlen flash, flex attention, Unsloth's kernels) keeps its output and one
               float per query and head: linear in seq_len, no [seq x seq] scores.
 Per row and layer, where the attention is transformers' eager one (soft-capped logits or sinks, which SDPA cannot
-compute, outside fast's flex attention; or model.attn_implementation=eager):
+compute, outside fast's flex attention for soft-caps; or model.attn_implementation=eager):
   scores      each head's [seq x seq] softmax, kept for the backward: 2 to 8 bytes a pair as the family computes
               it (lorabench.models.census.eager_scores_bytes, measured); the layer in its backward holds it twice
 Fixed: the weights at their precision, LoRA's adapters with their gradients and AdamW states, 0.5 GiB of
@@ -234,14 +234,14 @@ def token_bytes_of(c, a) -> TokenBytes:
 def eager_attention(c, a) -> bool:
     """Whether the cell's attention is transformers' eager one: where asked, and where the architecture soft-caps its
     logits or has sinks (SDPA computes neither: lorabench.builders.modeling.attention_implementation), unless fast's
-    flex attention computes them (on CUDA, where the searches run) or Unsloth its own kernels."""
+    flex attention computes the soft-cap (on CUDA, where the searches run) or Unsloth its own kernels."""
     from lorabench.core.config import Backend
 
     b = c.backend
-    special = a.attn_logit_softcap is not None or a.attn_sinks
-    if b.name is Backend.unsloth or (b.name is Backend.fast and b.flex_attention and special):
+    capped = a.attn_logit_softcap is not None
+    if b.name is Backend.unsloth or (b.name is Backend.fast and b.flex_attention and capped):
         return False
-    return special or c.model.attn_implementation == "eager"
+    return capped or a.attn_sinks or c.model.attn_implementation == "eager"
 
 
 def dropout_bytes(c, a, w: int) -> float:
