@@ -70,7 +70,7 @@ step6() {  # QLoRA's and Unsloth's own recipe, r32 on every linear layer, at row
 }
 step7() { qwen35 2 [8,16] [2,4]; }
 step9() {
-  with_fla; timeout 220 python3 -m pytest -q -m gpu tests/fast/test_fast_arch.py tests/models/test_experts_nf4.py \
+  with_fla; timeout $(( $(left) - 10 )) python3 -m pytest -q -m gpu tests/fast/test_fast_arch.py tests/models/test_experts_nf4.py \
     -k "fla_computes or (2026_families and gpt_oss) or experts" > $R/fla_test.txt 2>&1
   echo "pytest exit $?" >> $R/fla_test.txt; tail -2 $R/fla_test.txt; echo fla_test.txt >> $R/.names_0; pack_gpu 0
   no_fla; sweep 0 qwen3.5-9b_unsloth $search model=qwen3.5-9b data=synthetic search.max_cells=2 search.batches=[8,16] \
