@@ -265,9 +265,9 @@ def _packing_lacks(f: Features, c: Config) -> Refusal | None:
 
 
 def _flex_lacks(f: Features, c: Config) -> Refusal | None:
-    # Measured on an H100 (torch 2.11): gpt-oss's tiny model through flex attention with its sinks renormalised by the
-    # log-sum-exp gave a key projection's LoRA gradient 3.0% from float64's where hf's eager attention is 0.6% away
-    # (the family GPU test's bound 1.6%); Gemma-2's soft-cap in flex passes the same test.
+    # Measured on an H100 (torch 2.11, docs/runs/2026-12-07_h100_qwen35/gpu_tests.txt): gpt-oss's tiny model through
+    # flex attention, its sinks renormalised by the log-sum-exp, left a key projection's LoRA gradient beyond the
+    # family GPU test's bound (twice hf's eager error plus 2^-8); Gemma-2's soft-cap in flex passes the same test.
     if f.attn_sinks:
         return Refusal(f"with {f.model_type}'s sinks leaves its key projections' LoRA gradients beyond bf16's bound on "
                        "CUDA; its attention stays eager", {"flex_attention": False})

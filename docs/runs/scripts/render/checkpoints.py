@@ -13,6 +13,10 @@ def _gib(r) -> str:
     return f"{r.metrics['mem/peak_reserved_gib']:.1f}"
 
 
+def _failed(sweep: str) -> str:
+    return failed(f"{RUN}/{sweep}")
+
+
 def _row(label: str, r, hf) -> list:
     return [label, f"{tok(r):,.0f}", _gib(r), f"{r.metrics['perf/mfu_pct']:.1f}",
             ratio(tok(r) / tok(hf)) if hf is not None else "-"]
@@ -23,10 +27,10 @@ def qwen35() -> str:
     eager = cell(f"{RUN}/qwen3.5-9b_fast_rule_eager")
     rows = [_row(f"fast, the delta rule compiled (`backend.compile_delta_rule=true`): best {fast.layout}", fast.cell,
                  hf.cell),
-            _row("fast as it ships (the rule as transformers runs it): b16 ckpt 1, fast's best layout in "
-                 "the earlier search", eager, hf.cell),
+            _row("fast without flash-linear-attention (the rule as transformers runs it): b16 ckpt 1, fast's best "
+                 "layout in the earlier search", eager, hf.cell),
             _row(f"hf: best {hf.layout}", hf.cell, hf.cell),
-            ["Unsloth: refused before its model by lorabench's check (above): " + failed(f"{RUN}/qwen3.5-9b_unsloth"),
+            ["Unsloth: refused before its model by lorabench's check (above): " + _failed("qwen3.5-9b_unsloth"),
              "-", "-", "-", "-"]]
     return md_table(["Qwen3.5-9B", "tok/s", "GiB", "MFU %", "over hf"], rows)
 
@@ -35,9 +39,9 @@ def whole_gpu() -> str:
     fast, hf = bests(f"{RUN}/gemma-4-31b_fast")["fast"], bests(f"{RUN}/gemma-4-31b_hf")["hf"]
     rows = [["Gemma-4-31B, LoRA r16 on q/k/v/o", f"{fast.layout}: {tok(fast.cell):,.0f} tok/s, {_gib(fast.cell)} GiB",
              f"{hf.layout}: {tok(hf.cell):,.0f} tok/s, {_gib(hf.cell)} GiB", ratio(tok(fast.cell) / tok(hf.cell)),
-             "failed in lorabench's reading of the config Unsloth wraps (above): " + failed(f"{RUN}/gemma-4-31b_unsloth")],
-            ["gpt-oss-20b, LoRA r16 on q/k/v/o and every expert (`lora.experts=true`)", failed(f"{RUN}/gpt-oss-20b_fast"),
-             failed(f"{RUN}/gpt-oss-20b_hf"), "-", "not run (lorabench runs Unsloth without expert adapters)"]]
+             "failed in lorabench's reading of the config Unsloth wraps (above): " + _failed("gemma-4-31b_unsloth")],
+            ["gpt-oss-20b, LoRA r16 on q/k/v/o and every expert (`lora.experts=true`)", _failed("gpt-oss-20b_fast"),
+             _failed("gpt-oss-20b_hf"), "-", "not run (lorabench runs Unsloth without expert adapters)"]]
     return md_table(["model", "fast's best", "hf's best", "fast over hf", "Unsloth"], rows)
 
 
