@@ -41,7 +41,7 @@ def qwen35() -> str:
         "(stopped by its time limit), so the fast row is its speed, not yet its exactness; fast without fla is the "
         "row \"fast without flash-linear-attention\" of the section above.",
         searched_table(RUN, ((label, "qwen3.5-9b"),),
-                       {"unsloth": "not measured: the call's time ran out before its cells finished"}),
+                       {"unsloth": "not measured: the list's time limit came before its cells finished"}),
         "```bash\n" + "\n".join(command(f"{RUN}/qwen3.5-9b_{b}") for b in ("fast", "hf")) + "\n```",
         "The GPU tests in the same run, fla set aside (`pytest -m gpu tests/fast/test_fast_arch.py "
         "tests/models/test_experts_nf4.py -k \"2026_families or flex or experts\"`: each 2026 family's tiny model, "
