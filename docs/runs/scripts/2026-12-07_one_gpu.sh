@@ -13,9 +13,9 @@
 #   5  Gemma-4-31B within 22 GiB: fast, hf, Unsloth
 #   6  LoRA r32 on every linear layer of Mistral-7B at seq 4096 within 22 GiB: fast, Unsloth, hf
 #   7  step 3 in two cells a backend, at the batches each backend's earlier search found best
+#   8  Qwen3.6-35B-A3B (MoE) on the whole GPU at seq 1024, experts in nf4 (fast, hf) and Unsloth's own loading
 #   9  fla against the PyTorch rule (its kernels compile and tune on first use), gpt-oss's family test and the experts
 #      in nf4 again, then step 7's Unsloth cells
-#   8  Qwen3.6-35B-A3B (MoE) on the whole GPU at seq 1024, experts in nf4 (fast, hf) and Unsloth's own loading
 set -u
 LIMIT_S=${LIMIT_S:-540}; source "$(dirname "$0")/device_setup.sh" "$@"
 source "$(dirname "$0")/gpu_lists.sh" "$@"
@@ -70,8 +70,8 @@ step6() {  # QLoRA's and Unsloth's own recipe, r32 on every linear layer, at row
 }
 step7() { qwen35 2 [8,16] [2,4]; }
 step9() {
-  with_fla; timeout $(( $(left) - 10 )) python3 -m pytest -q -m gpu tests/fast/test_fast_arch.py tests/models/test_experts_nf4.py \
-    -k "fla_computes or (2026_families and gpt_oss) or experts" > $R/fla_test.txt 2>&1
+  with_fla; timeout $(( $(left) - 10 )) python3 -m pytest -q -m gpu tests/fast/test_fast_arch.py \
+    tests/models/test_experts_nf4.py -k "fla_computes or (2026_families and gpt_oss) or experts" > $R/fla_test.txt 2>&1
   echo "pytest exit $?" >> $R/fla_test.txt; tail -2 $R/fla_test.txt; echo fla_test.txt >> $R/.names_0; pack_gpu 0
   no_fla; sweep 0 qwen3.5-9b_unsloth $search model=qwen3.5-9b data=synthetic search.max_cells=2 search.batches=[8,16] \
     backend=unsloth; local rc=$?; with_fla
