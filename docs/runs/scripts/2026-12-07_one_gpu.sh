@@ -37,12 +37,14 @@ step2() {
     sweep 0 gpt-oss-20b_nf4_experts_$b $oss search.max_cells=3 search.batches=[1,2,4] backend=$b || return
   done
 }
-qwen35() {  # qwen35 <cells a backend> <fast's and Unsloth's batches> <hf's batches>
-  local q="$search model=qwen3.5-9b data=synthetic search.max_cells=$1"
-  with_fla; sweep 0 qwen3.5-9b_fast $q search.batches=$2 backend=fast || return
-  no_fla; sweep 0 qwen3.5-9b_hf $q search.batches=$3 backend=hf || { with_fla; return 1; }
-  sweep 0 qwen3.5-9b_unsloth $q search.batches=$2 backend=unsloth; local rc=$?; with_fla
-  return $rc
+fla_for() { if [ $1 = fast ]; then with_fla; else no_fla; fi; }  # fla for fast's cells, aside for the others'
+qwen35() {  # qwen35 <cells a backend> <fast's and Unsloth's batches> <hf's batches> [backends, in turn]
+  local q="$search model=qwen3.5-9b data=synthetic search.max_cells=$1" b batches rc=0
+  for b in ${4:-fast hf unsloth}; do
+    batches=$2; [ $b = hf ] && batches=$3
+    fla_for $b; sweep 0 qwen3.5-9b_$b $q search.batches=$batches backend=$b || { rc=1; break; }
+  done
+  with_fla; return $rc
 }
 step3() { qwen35 4 [2,4,8,16] [2,4,8,16]; }
 step4() {  # 4 cells a backend from 49,152 tokens up, 2 timed steps a cell
@@ -73,17 +75,16 @@ step9() {
   with_fla; timeout $(( $(left) - 10 )) python3 -m pytest -q -m gpu tests/fast/test_fast_arch.py \
     tests/models/test_experts_nf4.py -k "fla_computes or (2026_families and gpt_oss) or experts" > $R/fla_test.txt 2>&1
   echo "pytest exit $?" >> $R/fla_test.txt; tail -2 $R/fla_test.txt; echo fla_test.txt >> $R/.names_0; pack_gpu 0
-  no_fla; sweep 0 qwen3.5-9b_unsloth $search model=qwen3.5-9b data=synthetic search.max_cells=2 search.batches=[8,16] \
-    backend=unsloth; local rc=$?; with_fla
-  return $rc
+  qwen35 2 [8,16] [2,4] unsloth
 }
 step8() {  # the whole card: gpu=h200 or gpu=h100, as nvidia-smi names it
-  local card=h100; nvidia-smi -L | grep -q H200 && card=h200
+  local card=h100 b rc=0; nvidia-smi -L | grep -q H200 && card=h200
   local moe="$tune gpu=$card model=qwen3.6-35b-a3b data=synthetic search.max_cells=2 search.batches=[8,16,32]"
-  with_fla; sweep 0 qwen3.6-35b-a3b_${card}_fast $moe precision.experts_nf4=true backend=fast || return
-  no_fla; sweep 0 qwen3.6-35b-a3b_${card}_hf $moe precision.experts_nf4=true backend=hf || { with_fla; return 1; }
-  sweep 0 qwen3.6-35b-a3b_${card}_unsloth $moe backend=unsloth; local rc=$?; with_fla
-  return $rc
+  for b in fast hf unsloth; do  # the experts in nf4 where lorabench loads the model, Unsloth's own loading
+    local nf4=precision.experts_nf4=true; [ $b = unsloth ] && nf4=
+    fla_for $b; sweep 0 qwen3.6-35b-a3b_${card}_$b $moe $nf4 backend=$b || { rc=1; break; }
+  done
+  with_fla; return $rc
 }
 for s in $steps; do step$s || break; done
 echo "call $2: exit after $((SECONDS - t0)) s" | tee -a $R/log.txt; pack_gpu 0

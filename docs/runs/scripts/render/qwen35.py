@@ -2,6 +2,7 @@
 against hf with transformers' PyTorch rule, and the GPU tests of the 2026 families in the same run."""
 import re
 
+from .recipes import GRADIENT
 from .runs import RUNS, bests, command, commit, gpu, link, software
 from .searched import searched_table
 
@@ -14,18 +15,16 @@ def gpu_tests() -> str:
     text = (RUNS / RUN / "gpu_tests.txt").read_text()
     failed, passed = (int(n) for n in re.findall(r"^(\d+) failed, (\d+) passed", text, re.M)[-1])
     names = re.findall(r"^FAILED \S+::(\w+(?:\[\w+\])?)", text, re.M)
-    number = r"([\d.e-]+)"
-    grads = re.findall(rf"^E\s+AssertionError: \('[^']*layers\.([^']+)', {number}, {number}, {number}\)", text, re.M)
+    grads = GRADIENT.findall(text)
     failures = []
     for name in names:
         failures.append(f"`{name}`")
         if "[" in name and grads:  # a family's test: the gradient it stopped at
             what, fast, hf, moved = grads.pop(0)
-            failures[-1] += (f" (the gradient of {what}: fast {float(fast):.1%} from float64, hf {float(hf):.1%}, "
+            failures[-1] += (f" (the gradient of {what.split('layers.')[-1]}: fast {float(fast):.1%} from float64, hf {float(hf):.1%}, "
                              f"the bound 2 x max(hf, the movement) + 2^-8 = "
-                             f"{2 * max(float(hf), float(moved)) + 2 ** -8:.1%})")
-    line = f"{passed} of {passed + failed} passed; failed: " + "; ".join(failures)
-    return line
+                             f"{2 * max(float(hf), float(moved or 0)) + 2 ** -8:.1%})")
+    return f"{passed} of {passed + failed} passed; failed: " + "; ".join(failures)
 
 
 def qwen35() -> str:

@@ -28,14 +28,17 @@ def recipe_rows() -> list[list]:
     return rows
 
 
+# a family test's failed assertion: (what, fast's error, hf's error[, the exact answer's movement under one rounding])
+GRADIENT = re.compile(r"^E\s+AssertionError: \('([^']+)', ([\d.e-]+), ([\d.e-]+)(?:, ([\d.e-]+))?\)", re.M)
+
+
 def family_tests(run: str = FAMILY_TEST) -> str:
     """The 2026 families' GPU test (`run`'s), from pytest's own summary: which failed, and the assertion each failed
     on."""
     text = (RUNS / run / "gpu_tests.txt").read_text()
     summary = re.findall(r"^(\d+ failed, )?(\d+) passed", text, re.M)[-1]
     failed = re.findall(r"^FAILED \S+\[(\w+)\]", text, re.M)
-    # the assertion's (what, fast's error, hf's error[, the exact answer's movement under one rounding])
-    why = re.findall(r"^E\s+AssertionError: \('([^']+)', ([\d.e-]+), ([\d.e-]+)(?:, ([\d.e-]+))?\)", text, re.M)
+    why = GRADIENT.findall(text)
     line = f"{summary[1]} of {int(summary[1]) + len(failed)} families passed"
     for family, (what, err_fast, err_hf, moved) in zip(failed, why):
         worst = max(float(err_hf), float(moved or 0))
