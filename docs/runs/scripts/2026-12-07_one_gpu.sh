@@ -7,7 +7,8 @@
 # A step that finished in an earlier call on the same machine is passed over; what each wrote comes back packed.
 #   1  GPU tests: the 2026 families (gpt-oss's sinks in flex attention), Gemma-2's flex attention, experts in nf4,
 #      fla against the PyTorch rule
-#   2  gpt-oss-20b within 22 GiB, experts in nf4 and adapted: fast's and hf's searches
+#   2  gpt-oss-20b within 22 GiB, experts adapted: fast's and hf's searches (experts in nf4),
+#      and whether Unsloth runs it (its own loading, attention adapted)
 #   3  Qwen3.5-9B at seq 1024 within 22 GiB: fast (fla), hf (PyTorch rule), Unsloth (its own fla)
 #   4  the longest row at batch 1 within 22 GiB (Llama-3.1-8B): fast, Unsloth
 #   5  Gemma-4-31B within 22 GiB: fast, hf, Unsloth
@@ -31,11 +32,13 @@ step1() {  # the families' test takes transformers' PyTorch rule for Qwen3.5 (fl
     >> $R/gpu_tests.txt 2>&1
   grep -E "passed|failed" $R/gpu_tests.txt; pack_gpu 0
 }
-step2() {
-  local oss="$search model=gpt-oss-20b data=synthetic precision.experts_nf4=true lora.experts=true lora.dropout=0"
+step2() {  # Unsloth loads gpt-oss itself and adapts no experts (lora.experts is hf's and fast's): whether it runs
+  local oss="$search model=gpt-oss-20b data=synthetic lora.dropout=0 search.batches=[1,2,4]" b
   for b in fast hf; do
-    sweep 0 gpt-oss-20b_nf4_experts_$b $oss search.max_cells=3 search.batches=[1,2,4] backend=$b || return
+    sweep 0 gpt-oss-20b_nf4_experts_$b $oss precision.experts_nf4=true lora.experts=true search.max_cells=3 \
+      backend=$b || return
   done
+  sweep 0 gpt-oss-20b_unsloth $oss search.max_cells=1 backend=unsloth
 }
 fla_for() { if [ $1 = fast ]; then with_fla; else no_fla; fi; }  # fla for fast's cells, aside for the others'
 qwen35() {  # qwen35 <cells a backend> <fast's and Unsloth's batches> <hf's batches> [backends, in turn]
