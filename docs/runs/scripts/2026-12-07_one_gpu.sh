@@ -7,16 +7,16 @@
 # A step that finished in an earlier call on the same machine is passed over; what each wrote comes back packed.
 #   1  GPU tests: the 2026 families (gpt-oss's sinks in flex attention), Gemma-2's flex attention, experts in nf4,
 #      fla against the PyTorch rule
-#   2  gpt-oss-20b within 22 GiB, experts adapted: fast's and hf's searches (experts in nf4),
-#      and whether Unsloth runs it (its own loading, attention adapted)
+#   2  gpt-oss's family test and its experts in nf4 on the GPU; gpt-oss-20b within 22 GiB, experts adapted: fast's
+#      and hf's searches (experts in nf4), and whether Unsloth runs it (its own loading, attention adapted)
 #   3  Qwen3.5-9B at seq 1024 within 22 GiB: fast (fla), hf (PyTorch rule), Unsloth (its own fla)
 #   4  the longest row at batch 1 within 22 GiB (Llama-3.1-8B): fast, Unsloth
 #   5  Gemma-4-31B within 22 GiB: fast, hf, Unsloth
 #   6  LoRA r32 on every linear layer of Mistral-7B at seq 4096 within 22 GiB: fast, Unsloth, hf
 #   7  step 3 in two cells a backend, at the batches each backend's earlier search found best
 #   8  Qwen3.6-35B-A3B (MoE) on the whole GPU at seq 1024, experts in nf4 (fast, hf) and Unsloth's own loading
-#   9  fla against the PyTorch rule (its kernels compile and tune on first use), gpt-oss's family test and the experts
-#      in nf4 again, then step 7's Unsloth cells
+#   9  fla against the PyTorch rule (its kernels compile and tune on first use), then Qwen3.5's cells of
+#      each backend
 set -u
 LIMIT_S=${LIMIT_S:-540}; source "$(dirname "$0")/device_setup.sh" "$@"
 source "$(dirname "$0")/gpu_lists.sh" "$@"
@@ -34,6 +34,7 @@ step1() {  # the families' test takes transformers' PyTorch rule for Qwen3.5 (fl
 }
 step2() {  # Unsloth loads gpt-oss itself and adapts no experts (lora.experts is hf's and fast's): whether it runs
   local oss="$search model=gpt-oss-20b data=synthetic lora.dropout=0 search.batches=[1,2,4]" b
+  [ -f $R/oss_tests.txt ] || gpu_test oss_tests.txt 150 "(2026_families and gpt_oss) or experts"
   for b in fast hf; do
     sweep 0 gpt-oss-20b_nf4_experts_$b $oss precision.experts_nf4=true lora.experts=true search.max_cells=3 \
       backend=$b || return
@@ -74,13 +75,22 @@ step6() {  # QLoRA's and Unsloth's own recipe, r32 on every linear layer, at row
   done
 }
 step7() { qwen35 2 [8,16] [2,4]; }
-step9() {  # unbuffered and verbose, so a test stopped by its limit still shows how far it went
-  local t="python3 -u -m pytest -v -m gpu tests/fast/test_fast_arch.py tests/models/test_experts_nf4.py"
-  with_fla; timeout 270 $t -k fla_computes > $R/fla_test.txt 2>&1; echo "pytest exit $?" >> $R/fla_test.txt
-  timeout 120 $t -k "(2026_families and gpt_oss) or experts" >> $R/fla_test.txt 2>&1
-  echo "pytest exit $?" >> $R/fla_test.txt; grep -E "PASSED|FAILED|exit" $R/fla_test.txt
-  echo fla_test.txt >> $R/.names_0; pack_gpu 0
-  qwen35 2 [8,16] [2,4] unsloth
+gpu_test() {  # gpu_test <file> <limit s> <-k expression>: unbuffered and verbose, so a test stopped by its limit
+  # still shows how far it went
+  timeout $2 python3 -u -m pytest -v -m gpu tests/fast/test_fast_arch.py tests/models/test_experts_nf4.py -k "$3" \
+    >> $R/$1 2>&1
+  echo "pytest exit $?" >> $R/$1; grep -E "PASSED|FAILED|exit" $R/$1; echo $1 >> $R/.names_0; pack_gpu 0
+}
+step9() {  # fla against the PyTorch rule, then Qwen3.5 on this GPU: Unsloth's search of 3 cells first, then fast's
+  # and hf's two cells each in the layout their searches of 4 cells found best (every layer recomputed)
+  [ -f $R/fla_test.txt ] || { with_fla; gpu_test fla_test.txt 240 fla_computes; }
+  local q="$search model=qwen3.5-9b data=synthetic" b=unsloth
+  no_fla; sweep 0 qwen3.5-9b_unsloth $q search.max_cells=3 search.batches=[4,8,16] backend=unsloth || return
+  for b in fast hf; do
+    fla_for $b; sweep 0 qwen3.5-9b_$b $q search.max_cells=2 search.checkpoint_fractions=[1] \
+      search.offload_fractions=[0] search.batches=$([ $b = fast ] && echo [8,16] || echo [2,4]) backend=$b || break
+  done
+  with_fla
 }
 step8() {  # the whole card: gpu=h200 or gpu=h100, as nvidia-smi names it
   local card=h100 b rc=0; nvidia-smi -L | grep -q H200 && card=h200
