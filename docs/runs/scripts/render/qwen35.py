@@ -7,6 +7,7 @@ from .runs import RUNS, bests, command, commit, gpu, link, software
 from .searched import searched_table
 
 RUN = "2026-12-07_h100_qwen35"  # one list on one GPU: the GPU tests, then fast's and hf's two cells each
+FLA = "2026-12-07b_h100_fla"  # fla against the PyTorch rule on the same GPU model, a later call
 
 
 def gpu_tests() -> str:
@@ -27,6 +28,18 @@ def gpu_tests() -> str:
     return f"{passed} of {passed + failed} passed; failed: " + "; ".join(failures)
 
 
+def fla_exactness() -> str:
+    """fla's GPU exactness test as pytest summed it up: passed or failed, on which GPU."""
+    text = (RUNS / FLA / "fla_test.txt").read_text()
+    summary = re.findall(r"^=+ (.*(?:passed|failed).*) =+$", text, re.M)[-1]
+    ok = re.search(r"\b1 passed\b", summary) and "failed" not in summary
+    counts, seconds = re.search(r"^(.*?(?:passed|failed))\b.* in ([\d.]+)s", summary).groups()
+    gpu_name = (RUNS / FLA / "gpu_c1.csv").read_text().splitlines()[1].split(",")[1].strip()
+    return (f"fla's own exactness test (`test_fla_computes_qwen3_5_s_model_on_gpu`: fast with fla's kernels and hf with "
+            f"the PyTorch rule, both in bf16, against hf in float64) {'passed' if ok else 'did not pass'} on an "
+            f"{gpu_name} in a later call ({counts} in {float(seconds):.0f} s; {link(FLA + '/fla_test.txt')})")
+
+
 def qwen35() -> str:
     one = bests(f"{RUN}/qwen3.5-9b_fast")["fast"].cell
     label = "Qwen3.5-9B, LoRA r16 on q/k/v/o of its 8 full-attention layers"
@@ -36,9 +49,9 @@ def qwen35() -> str:
         "(batches 8 and 16 for fast, 2 and 4 for hf, the layouts each search put first). fast ran Qwen3.5's 24 Gated "
         "DeltaNet layers through flash-linear-attention 0.6.0 (`backend.fla_on_hopper`: fla refuses Hopper GPUs under "
         "Triton 3.6 for a 64-wide key tile that Qwen3.5's 128-wide key heads do not take); hf ran them through "
-        "transformers' PyTorch rule, fla being refused there. fla's own exactness test on this GPU did not report "
-        "(stopped by its time limit), so the fast row is its speed, not yet its exactness; fast without fla is the "
-        "row \"fast without flash-linear-attention\" of the section above.",
+        "transformers' PyTorch rule, fla being refused there. In this run fla's test was stopped by its time limit; "
+        + fla_exactness() + ". fast without fla is the row \"fast without flash-linear-attention\" of the section "
+        "above.",
         searched_table(RUN, ((label, "qwen3.5-9b"),),
                        {"unsloth": "not measured: the list's time limit came before its cells finished"}),
         "```bash\n" + "\n".join(command(f"{RUN}/qwen3.5-9b_{b}") for b in ("fast", "hf")) + "\n```",
