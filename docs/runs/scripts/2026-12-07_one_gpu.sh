@@ -15,8 +15,8 @@
 #   6  LoRA r32 on every linear layer of Mistral-7B at seq 4096 within 22 GiB: fast, Unsloth, hf
 #   7  step 3 in two cells a backend, at the batches each backend's earlier search found best
 #   8  Qwen3.6-35B-A3B (MoE) on the whole GPU at seq 1024, experts in nf4 (fast, hf) and Unsloth's own loading
-#   9  fla against the PyTorch rule (its kernels compile and tune on first use), then Qwen3.5's cells of
-#      each backend
+#   9  fla against the PyTorch rule (its kernels compile and tune on first use), then step 10
+#  10  Qwen3.5's cells of each backend on this GPU, Unsloth's first
 set -u
 LIMIT_S=${LIMIT_S:-540}; source "$(dirname "$0")/device_setup.sh" "$@"
 source "$(dirname "$0")/gpu_lists.sh" "$@"
@@ -81,9 +81,12 @@ gpu_test() {  # gpu_test <file> <limit s> <-k expression>: unbuffered and verbos
     >> $R/$1 2>&1
   echo "pytest exit $?" >> $R/$1; grep -E "PASSED|FAILED|exit" $R/$1; echo $1 >> $R/.names_0; pack_gpu 0
 }
-step9() {  # fla against the PyTorch rule, then Qwen3.5 on this GPU: Unsloth's search of 3 cells first, then fast's
-  # and hf's two cells each in the layout their searches of 4 cells found best (every layer recomputed)
+step9() {  # fla against the PyTorch rule, then step 10
   [ -f $R/fla_test.txt ] || { with_fla; gpu_test fla_test.txt 240 fla_computes; }
+  step10
+}
+step10() {  # Qwen3.5 on this GPU: Unsloth's search of 3 cells first, then fast's and hf's two cells each in the layout
+  # their searches of 4 cells found best (every layer recomputed)
   local q="$search model=qwen3.5-9b data=synthetic" b=unsloth
   no_fla; sweep 0 qwen3.5-9b_unsloth $q search.max_cells=3 search.batches=[4,8,16] backend=unsloth || return
   for b in fast hf; do
