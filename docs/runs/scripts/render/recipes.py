@@ -40,12 +40,16 @@ def family_tests(run: str = FAMILY_TEST) -> str:
     failed = re.findall(r"^FAILED \S+\[(\w+)\]", text, re.M)
     why = GRADIENT.findall(text)
     line = f"{summary[1]} of {int(summary[1]) + len(failed)} families passed"
-    for family, (what, err_fast, err_hf, moved) in zip(failed, why):
-        worst = max(float(err_hf), float(moved or 0))
-        line += (f"; {family} failed on one gradient, {what.split('layers.')[-1]}: fast {float(err_fast):.1%} from "
-                 f"float64, hf {float(err_hf):.1%}, the bound 2 x {'max(hf, the movement) ' if moved else 'hf '}"
-                 f"+ 2^-8 = {2 * worst + 2 ** -8:.1%}")
+    for family, assertion in zip(failed, why):
+        line += f"; {family} failed on one gradient, {gradient(*assertion)}"
     return line
+
+
+def gradient(what: str, err_fast: str, err_hf: str, moved: str) -> str:
+    """One GRADIENT assertion in words: the gradient, fast's and hf's error from float64 and the test's bound."""
+    worst = max(float(err_hf), float(moved or 0))
+    return (f"{what.split('layers.')[-1]}: fast {float(err_fast):.1%} from float64, hf {float(err_hf):.1%}, the bound "
+            f"2 x {'max(hf, the movement) ' if moved else 'hf '}+ 2^-8 = {2 * worst + 2 ** -8:.1%}")
 
 
 def recipes() -> str:
