@@ -42,11 +42,11 @@ step2() {  # Unsloth loads gpt-oss itself and adapts no experts (lora.experts is
   sweep 0 gpt-oss-20b_unsloth $oss search.max_cells=1 backend=unsloth
 }
 fla_for() { if [ $1 = fast ]; then with_fla; else no_fla; fi; }  # fla for fast's cells, aside for the others'
-qwen35() {  # qwen35 <cells a backend> <fast's and Unsloth's batches> <hf's batches> [backends, in turn]
+qwen35() {  # qwen35 <cells a backend> <fast's and Unsloth's batches> <hf's batches> [backends, in turn] [overrides]
   local q="$search model=qwen3.5-9b data=synthetic search.max_cells=$1" b batches rc=0
   for b in ${4:-fast hf unsloth}; do
     batches=$2; [ $b = hf ] && batches=$3
-    fla_for $b; sweep 0 qwen3.5-9b_$b $q search.batches=$batches backend=$b || { rc=1; break; }
+    fla_for $b; sweep 0 qwen3.5-9b_$b $q search.batches=$batches ${5:-} backend=$b || { rc=1; break; }
   done
   with_fla; return $rc
 }
@@ -87,13 +87,8 @@ step9() {  # fla against the PyTorch rule, then step 10
 }
 step10() {  # Qwen3.5 on this GPU: Unsloth's search of 3 cells first, then fast's and hf's two cells each in the layout
   # their searches of 4 cells found best (every layer recomputed)
-  local q="$search model=qwen3.5-9b data=synthetic" b=unsloth
-  no_fla; sweep 0 qwen3.5-9b_unsloth $q search.max_cells=3 search.batches=[4,8,16] backend=unsloth || return
-  for b in fast hf; do
-    fla_for $b; sweep 0 qwen3.5-9b_$b $q search.max_cells=2 search.checkpoint_fractions=[1] \
-      search.offload_fractions=[0] search.batches=$([ $b = fast ] && echo [8,16] || echo [2,4]) backend=$b || break
-  done
-  with_fla
+  qwen35 3 [4,8,16] - unsloth && \
+    qwen35 2 [8,16] [2,4] "fast hf" "search.checkpoint_fractions=[1] search.offload_fractions=[0]"
 }
 step8() {  # the whole card: gpu=h200 or gpu=h100, as nvidia-smi names it
   local card=h100 b rc=0; nvidia-smi -L | grep -q H200 && card=h200
