@@ -510,3 +510,16 @@ def test_what_a_layout_holds_whatever_the_batch_moves_the_first_cell_to_one_that
     gpu.calls.clear()
     out = search(Space(held, BATCHES, gpu.budget, fixed_gib=40.0, max_cells=4), gpu.measure)
     assert gpu.calls[0][2] == "ok" and out.best is not None
+
+
+@pytest.mark.parametrize("fractions,expect", [
+    ("[0,0.25,0.5,1]", ["off", "on", "offloaded"]), ("[1]", ["on", "offloaded"]), ("[0]", ["off"])])
+def test_checkpoint_fractions_narrow_unsloths_own_layouts_too(fractions, expect):
+    """Unsloth checkpoints every layer or none: a share above 0 in search.checkpoint_fractions keeps its two
+    checkpointing layouts, 0 keeps its checkpointing off, so `search.checkpoint_fractions=[1]` spends no cell on a
+    layout known not to fit, on every backend alike."""
+    from lorabench.sweep.search import layouts as own_layouts
+
+    c = OmegaConf.to_object(compose_cfg(["+experiment=tune", "backend=unsloth", "gpu=a10",
+                                         f"search.checkpoint_fractions={fractions}"]))
+    assert [L.label for L in own_layouts(c)] == [f"unsloth checkpointing {x}" for x in expect]

@@ -555,7 +555,8 @@ class SearchConfig:
     target: SearchTarget = SearchTarget.throughput
     max_cells: int = 12  # measured cells (OOM ones included) per outer cell, i.e. per backend
     batches: List[int] = field(default_factory=lambda: [1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128])
-    # Layouts of backends but unsloth: recomputed x offloaded fraction of layers (summing to at most 1).
+    # Layouts: recomputed x offloaded fraction of layers (summing to at most 1); unsloth's: 0 its checkpointing
+    # off, any share above 0 its checkpointing of every layer (plain and offloaded).
     checkpoint_fractions: List[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 1.0])
     offload_fractions: List[float] = field(default_factory=lambda: [0.0, 0.25])
     plateau: float = 0.03  # stop raising batch once non-pad tokens/s rose less than this

@@ -12,7 +12,8 @@ Hydra launcher, each an ordinary cell dir of the sweep (so the report reads it):
             model (lorabench.sweep.memory) says the row needs them, the long-context layouts too: every layer
             recomputed with its input in host memory (train.offload_checkpoints), on fast also its MLP in tiles
             (backend.tiled_mlp) and its loss in Liger's own chunks (long_layouts);
-            unsloth: its own checkpointing off / on (plain) / offloaded (backend.unsloth_offload).
+            unsloth: its own checkpointing off / on (plain) / offloaded (backend.unsloth_offload), off only
+            where search.checkpoint_fractions holds 0, on and offloaded where it holds a share above 0.
   batch     search.batches, per layout.
 
 With search.target=max_context (+experiment=max_context) each outer cell's search is lorabench.sweep.context's
@@ -453,12 +454,17 @@ def layouts(c, budget_gib: float | None = None) -> list[Layout]:
     if c.backend.name is Backend.unsloth:
         ckpt = ("train.gradient_checkpointing=true", "train.checkpoint_fraction=1")
         offloaded = memory.Plan(1.0, 0.0, True)
-        return [Layout("unsloth checkpointing off", ("train.gradient_checkpointing=false",), (0, 0, 0),
-                       per_sample(0, 0), memory.Plan()),
-                Layout("unsloth checkpointing on", ckpt + ("backend.unsloth_offload=false",), (1, 0, 0),
-                       per_sample(1, 0), memory.Plan(1.0)),
-                Layout("unsloth checkpointing offloaded", ckpt + ("backend.unsloth_offload=true",), (1, 1, 0),
-                       mm.per_sample_gib(offloaded, c.seq_len), offloaded)]
+        # search.checkpoint_fractions narrows Unsloth's layouts as it does the others': 0 keeps its checkpointing
+        # off, any share above 0 its checkpointing of every layer (on, and offloaded).
+        fractions = set(c.search.checkpoint_fractions)
+        wanted = {0: 0 in fractions, 1: any(f > 0 for f in fractions)}
+        own = [Layout("unsloth checkpointing off", ("train.gradient_checkpointing=false",), (0, 0, 0),
+                      per_sample(0, 0), memory.Plan()),
+               Layout("unsloth checkpointing on", ckpt + ("backend.unsloth_offload=false",), (1, 0, 0),
+                      per_sample(1, 0), memory.Plan(1.0)),
+               Layout("unsloth checkpointing offloaded", ckpt + ("backend.unsloth_offload=true",), (1, 1, 0),
+                      mm.per_sample_gib(offloaded, c.seq_len), offloaded)]
+        return [L for L in own if wanted[L.saves[0]]]
     out = [Layout(layout_label(r, o), (f"train.gradient_checkpointing={str(r > 0).lower()}",
                                        f"train.checkpoint_fraction={r:g}", f"train.offload_fraction={o:g}"),
                   (r, o, 0), per_sample(r, o), memory.Plan(r, o), mm.layout_gib(memory.Plan(r, o), c.seq_len))
