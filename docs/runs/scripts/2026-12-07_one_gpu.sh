@@ -35,9 +35,10 @@ step1() {  # the families' test takes transformers' PyTorch rule for Qwen3.5 (fl
 step2() {  # Unsloth loads gpt-oss itself and adapts no experts (lora.experts is hf's and fast's): whether it runs
   local oss="$search model=gpt-oss-20b data=synthetic lora.dropout=0 search.batches=[1,2,4]" b
   [ -f $R/oss_tests.txt ] || gpu_test oss_tests.txt 150 "(2026_families and gpt_oss) or experts"
-  for b in fast hf; do
+  for b in fast hf; do  # hf: every layer recomputed (nothing or half recomputed: 26 or 24 GiB at b1, estimated)
+    local keep=; [ $b = hf ] && keep="search.checkpoint_fractions=[1]"
     sweep 0 gpt-oss-20b_nf4_experts_$b $oss precision.experts_nf4=true lora.experts=true search.max_cells=3 \
-      backend=$b || return
+      $keep backend=$b || return
   done
   sweep 0 gpt-oss-20b_unsloth $oss search.max_cells=1 backend=unsloth
 }
