@@ -286,32 +286,41 @@ def test_unsloth_cell_trains_on_packed_rows_on_gpu(tmp_path):
     assert len(losses) == 12 and losses[-1] < losses[0]
 
 
-def fake_unsloth(monkeypatch, flash: bool, xformers: bool | None):
+def fake_unsloth(monkeypatch, flash: bool, xformers: bool | None, segments: bool = False, torch_varlen: bool = False,
+                 native_beats: bool = False):
     """Unsloth's flags as its modules hold them once imported (xformers None: an Unsloth without attention_dispatch,
-    whose _utils.xformers is the module or None)."""
+    whose _utils.xformers is the module or None; segments: its packed SDPA route, UNSLOTH_SDPA_PACKED_SEGMENTS;
+    torch_varlen: this torch's varlen_attn taken; native_beats: torch's route measured faster than xformers)."""
     import sys
     import types
 
     utils = types.SimpleNamespace(HAS_FLASH_ATTENTION=flash, xformers=object() if xformers else None)
     marked = []
+    dispatch = types.SimpleNamespace(HAS_XFORMERS=bool(xformers), _SDPA_PACKED_SEGMENTS=segments,
+                                     _TORCH_VARLEN_ATTN=object() if torch_varlen else None,
+                                     _NATIVE_BEATS_XFORMERS=native_beats)
     modules = {"unsloth": types.ModuleType("unsloth"), "unsloth.models": types.SimpleNamespace(_utils=utils),
                "unsloth.models._utils": utils, "unsloth.utils": types.ModuleType("unsloth.utils"),
                "unsloth.utils.packing": types.SimpleNamespace(mark_allow_overlength=marked.append),
-               "unsloth.utils.attention_dispatch": types.SimpleNamespace(HAS_XFORMERS=bool(xformers))
-               if xformers is not None else None}
+               "unsloth.utils.attention_dispatch": dispatch if xformers is not None else None}
     for name, module in modules.items():
         monkeypatch.setitem(sys.modules, name, module)
     return marked
 
 
-@pytest.mark.parametrize("flash, xformers, kernel", [(True, True, "flash-attn"), (False, True, "xformers"),
-                                                     (False, None, "none"), (False, False, "none")])
-def test_unsloth_packs_through_its_own_varlen_path_only_where_it_has_a_kernel(monkeypatch, flash, xformers, kernel):
-    """Unsloth's kernel as its own flags say (FlashAttention first, then xformers once its device probe passed);
-    with one, packed rows reach it as one row with each sample's length and the model is marked to take the long
-    row (its enable_sample_packing's marker); without one, the cell's rows are padded (data.packing=false in the
-    config that ran) and the reason recorded. Rows that were never packed (data=synthetic) stay as they are."""
-    marked = fake_unsloth(monkeypatch, flash, xformers)
+@pytest.mark.parametrize("flash, xformers, segments, torch_varlen, native_beats, kernel", [
+    (True, True, True, True, True, "flash-attn"), (False, True, False, False, False, "xformers"),
+    (False, True, True, True, False, "xformers"), (False, True, True, True, True, "torch varlen"),
+    (False, False, True, True, False, "torch varlen"), (False, False, True, False, False, "sdpa per sample"),
+    (False, None, False, False, False, "none"), (False, False, False, False, False, "none")])
+def test_unsloth_packs_through_its_own_path_wherever_it_has_one_but_a_dense_mask(
+        monkeypatch, flash, xformers, segments, torch_varlen, native_beats, kernel):
+    """Unsloth's route for packed rows as its own flags say, in its order (FlashAttention; xformers once its device
+    probe passed, unless torch's route beats it; torch's varlen_attn; one SDPA call per sample); with one, packed rows
+    reach it as one row with each sample's length and the model is marked to take the long row (its
+    enable_sample_packing's marker); with none but a dense mask, the cell's rows are padded (data.packing=false in
+    the config that ran) and the reason recorded. Rows that were never packed (data=synthetic) stay as they are."""
+    marked = fake_unsloth(monkeypatch, flash, xformers, segments, torch_varlen, native_beats)
     assert backends.unsloth_varlen_kernel() == kernel
     c = OmegaConf.to_object(compose_cfg(["backend=unsloth", "data.packing=true", "seq_len=64"]))
     ran, note = backends.unsloth_rows(c)
@@ -377,3 +386,6 @@ def test_unsloth_without_a_varlen_kernel_says_what_to_install(monkeypatch, tmp_p
         assert "install xformers built for this torch, or flash-attn" in why
     else:
         assert f"built for torch {built} and this is torch {torch.__version__}" in why
+    monkeypatch.setenv("UNSLOTH_SDPA_PACKED_SEGMENTS", "0")  # the route that needs no kernel, turned off by the user
+    assert "UNSLOTH_SDPA_PACKED_SEGMENTS turns Unsloth's packed SDPA route off" in backends.unsloth_rows(c)[1][
+        "unsloth_packing_off"]

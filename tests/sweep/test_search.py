@@ -439,7 +439,7 @@ def test_memory_estimate_holds_every_weight_of_the_model(name):
 def test_a_ratio_to_unsloth_without_its_varlen_kernel_is_labelled_so_never_best_against_best():
     """Unsloth's cells recorded that it had no varlen attention kernel (model.unsloth_varlen_kernel: none): the
     answer and the Backends table name it "Unsloth without its varlen kernel", not "unsloth's best"; with xformers
-    or flash-attn it is its best as before."""
+    or flash-attn it is its best as before; packed through one SDPA call per sample, it is named so."""
     from lorabench.report.analysis import answer, backend_table
 
     hf, fast = [cell(0, "hf", 16, 1, 7500)], [cell(1, "fast", 24, 0.5, 15300)]
@@ -454,6 +454,13 @@ def test_a_ratio_to_unsloth_without_its_varlen_kernel_is_labelled_so_never_best_
     assert "Unsloth without its varlen kernel" in rows and "unsloth" not in rows
     unsloth[0].model = {"unsloth_varlen_kernel": "xformers"}
     assert "; 1.20x unsloth's best (b64 unsloth checkpointing offloaded" in answer(hf + fast + unsloth, searches)
+    # its packed rows through one SDPA call per sample: packed, yet without a varlen kernel; on fixed-length rows
+    # (nothing packed) that route never runs, and it is Unsloth's best
+    unsloth[0].model = {"unsloth_varlen_kernel": "sdpa per sample", "unsloth_packing": True}
+    assert "; 1.20x Unsloth packing through SDPA per sample (no varlen kernel) (b64" in answer(hf + fast + unsloth,
+                                                                                            searches)
+    unsloth[0].model = {"unsloth_varlen_kernel": "sdpa per sample", "unsloth_packing": False}
+    assert "; 1.20x unsloth's best (b64" in answer(hf + fast + unsloth, searches)
 
 
 @pytest.mark.parametrize("seq_len", [1024, 16384, 32768])

@@ -17,6 +17,8 @@
 #   8  Qwen3.6-35B-A3B (MoE) on the whole GPU at seq 1024, experts in nf4 (fast, hf) and Unsloth's own loading
 #   9  fla against the PyTorch rule (its kernels compile and tune on first use), then step 10
 #  10  Qwen3.5's cells of each backend on this GPU, Unsloth's first
+#  11  2,000 ShareGPT conversations packed into rows of 2,048 tokens within 22 GiB (Mistral-7B): fast, and Unsloth
+#      through its own padding-free path (carry .gpudata: the conversations)
 set -u
 LIMIT_S=${LIMIT_S:-540}; source "$(dirname "$0")/device_setup.sh" "$@"
 source "$(dirname "$0")/gpu_lists.sh" "$@"
@@ -93,6 +95,13 @@ step10() {  # Qwen3.5 on this GPU: Unsloth's search of 3 cells first (its checkp
   # then fast's and hf's two cells each in the layout their searches of 4 cells found best (every layer recomputed)
   local all="search.checkpoint_fractions=[1] search.offload_fractions=[0]"
   qwen35 3 [4,8,16] - unsloth "$all" && qwen35 2 [8,16] [2,4] "fast hf" "$all"
+}
+step11() {  # fast's and Unsloth's batches and layouts around those their searches of 10 cells found best at 2,048
+  local p="-m +experiment=tune train.max_steps=12 train.untimed_steps=4 gpu=a10 seq_len=2048 $packed_rows"
+  sweep 0 packed_s2048_fast $p search.max_cells=3 search.batches=[2,3,4] search.checkpoint_fractions=[0,0.25] \
+    search.offload_fractions=[0] backend=fast || return
+  sweep 0 packed_s2048_unsloth $p search.max_cells=3 search.batches=[8,12,16] search.checkpoint_fractions=[1] \
+    backend=unsloth
 }
 step8() {  # the whole card: gpu=h200 or gpu=h100, as nvidia-smi names it
   local card=h100 b rc=0; nvidia-smi -L | grep -q H200 && card=h200

@@ -519,14 +519,22 @@ def layout_name(r: CellResult) -> str:
 
 
 def without_varlen(r: CellResult) -> bool:
-    """An Unsloth cell that ran without a varlen attention kernel (neither xformers nor flash-attn importable: its
-    packed rows padded instead, its attention PyTorch's SDPA): not Unsloth at its best."""
-    return r.config["backend"]["name"] == "unsloth" and (r.model or {}).get("unsloth_varlen_kernel") == "none"
+    """An Unsloth cell that ran without a varlen attention kernel: with no route for packed rows but a dense mask
+    (its packed rows padded instead), or with its packed rows through one SDPA call per sample: not Unsloth at its
+    best."""
+    model = r.model or {}
+    kernel = model.get("unsloth_varlen_kernel")
+    return r.config["backend"]["name"] == "unsloth" and (
+        kernel == "none" or kernel == "sdpa per sample" and bool(model.get("unsloth_packing")))
 
 
 def backend_name(r: CellResult) -> str:
     """A cell's backend as the report names it: "Unsloth without its varlen kernel" where it had none."""
-    return "Unsloth without its varlen kernel" if without_varlen(r) else r.config["backend"]["name"]
+    if not without_varlen(r):
+        return r.config["backend"]["name"]
+    if r.model.get("unsloth_varlen_kernel") == "none":
+        return "Unsloth without its varlen kernel"
+    return "Unsloth packing through SDPA per sample (no varlen kernel)"
 
 
 def _dropout(r: CellResult) -> float:

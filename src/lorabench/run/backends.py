@@ -16,6 +16,7 @@ what they patch when the cell ends (a multirun trains its next cell, maybe backe
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.util
 import json
 import logging
@@ -133,10 +134,13 @@ def build_unsloth(c: Config, device: torch.device):
 
 
 def unsloth_varlen_kernel() -> str:
-    """The varlen attention kernel Unsloth runs packed rows through, as its own flags say once it is imported:
-    "flash-attn" where it found FlashAttention 2 (flash_attn_varlen_func over the samples' offsets), else "xformers"
-    (a BlockDiagonalCausalMask, where its device probe passed), else "none": its SDPA fallback, which builds a dense
-    [tokens x tokens] mask over the whole packed batch (unsloth.utils.attention_dispatch.select_attention_backend)."""
+    """The attention Unsloth runs packed rows through, as its own flags say once it is imported
+    (unsloth.utils.attention_dispatch.select_attention_backend and its SDPA branch): "flash-attn" where it found
+    FlashAttention 2 (flash_attn_varlen_func over the samples' offsets); "xformers" (a BlockDiagonalCausalMask, where
+    its device probe passed and torch's own route does not beat it); then torch's own route, on unless
+    UNSLOTH_SDPA_PACKED_SEGMENTS=0: "torch varlen" (torch.nn.attention.varlen_attn, where this torch's has window_size
+    and enable_gqa) or "sdpa per sample" (one SDPA call per run of samples of one length: exact, no varlen kernel);
+    else "none": a dense [tokens x tokens] mask over the whole packed batch."""
     try:
         from unsloth.models import _utils
     except Exception:  # not installed, or no GPU for it to start on
@@ -144,16 +148,23 @@ def unsloth_varlen_kernel() -> str:
     if getattr(_utils, "HAS_FLASH_ATTENTION", False):
         return "flash-attn"
     try:  # (the flag that counts: the import-time probe can turn a broken xformers off)
-        from unsloth.utils.attention_dispatch import HAS_XFORMERS
-    except Exception:
-        HAS_XFORMERS = getattr(_utils, "xformers", None) is not None  # Unsloth before attention_dispatch
-    return "xformers" if HAS_XFORMERS else "none"
+        dispatch = importlib.import_module("unsloth.utils.attention_dispatch")
+    except Exception:  # Unsloth before attention_dispatch
+        return "xformers" if getattr(_utils, "xformers", None) is not None else "none"
+    native = getattr(dispatch, "_SDPA_PACKED_SEGMENTS", False)
+    if getattr(dispatch, "HAS_XFORMERS", False) and not (native and getattr(dispatch, "_NATIVE_BEATS_XFORMERS", False)):
+        return "xformers"
+    if native:
+        return "torch varlen" if getattr(dispatch, "_TORCH_VARLEN_ATTN", None) is not None else "sdpa per sample"
+    return "none"
 
 
 def missing_varlen_kernel() -> str:
     """Why Unsloth found no varlen kernel, in words a user acts on. xformers' C++ kernels load only under the
     torch they were compiled against (its cpp_lib.json names it; PyPI's 0.0.35 wheel: torch 2.10.0), and
     Unsloth then turns it off with one printed line; flash-attn ships no wheel on PyPI, only its source."""
+    if os.environ.get("UNSLOTH_SDPA_PACKED_SEGMENTS", "1").lower() in ("0", "false", "no", "off"):
+        return "UNSLOTH_SDPA_PACKED_SEGMENTS turns Unsloth's packed SDPA route off: unset it"
     spec = importlib.util.find_spec("xformers")
     if spec is None or not spec.submodule_search_locations:
         return "install xformers built for this torch, or flash-attn"
@@ -167,11 +178,11 @@ def missing_varlen_kernel() -> str:
 
 
 def unsloth_rows(c: Config) -> tuple[Config, dict]:
-    """backend=unsloth: which varlen kernel Unsloth has here, for the cell's record (metrics.json: model.
+    """backend=unsloth: the attention Unsloth has here for packed rows, for the cell's record (metrics.json: model.
     unsloth_varlen_kernel, model.unsloth_packing), and the rows it trains on: packed rows go through Unsloth's own
-    padding-free path where it has a kernel; without one its rows are padded (data.packing=false, recorded), since
-    its fallback would hold a dense mask of 2 x (batch x seq_len)^2 bytes (512 MiB at 8 x 2,048 tokens, 32 GiB at
-    one row of 131,072) and attend through it."""
+    padding-free path wherever it has a route that is not a dense mask (unsloth_varlen_kernel); with none its rows
+    are padded (data.packing=false, recorded), since a dense mask holds 2 x (batch x seq_len)^2 bytes (512 MiB at
+    8 x 2,048 tokens, 32 GiB at one row of 131,072) and attends through it."""
     if c.backend.name is not Backend.unsloth:
         return c, {}
     from lorabench.builders.data import packs
