@@ -17,6 +17,8 @@
 #   8  Qwen3.6-35B-A3B (MoE) on the whole GPU at seq 1024, experts in nf4 (fast, hf) and Unsloth's own loading
 #   9  fla against the PyTorch rule (its kernels compile and tune on first use), then step 10
 #  10  Qwen3.5's cells of each backend on this GPU, Unsloth's first
+#  12  Qwen3.5-9B fast on this GPU in the layout its search found best (b16, every layer recomputed), two steps
+#      profiled; then each decoder layer through torch.compile (backend.compile=true) at b8 and b16
 #  11  2,000 ShareGPT conversations packed into rows of 2,048 tokens within 22 GiB (Mistral-7B): fast, and Unsloth
 #      through its own padding-free path (carry .gpudata: the conversations)
 set -u
@@ -95,6 +97,13 @@ step10() {  # Qwen3.5 on this GPU: Unsloth's search of 3 cells first (its checkp
   # then fast's and hf's two cells each in the layout their searches of 4 cells found best (every layer recomputed)
   local all="search.checkpoint_fractions=[1] search.offload_fractions=[0]"
   qwen35 3 [4,8,16] - unsloth "$all" && qwen35 2 [8,16] [2,4] "fast hf" "$all"
+}
+step12() {
+  local one="-m +experiment=seed_optimum train.max_steps=12 train.untimed_steps=4 gpu=a10 seq_len=1024 \
+    model=qwen3.5-9b data=synthetic train.gradient_checkpointing=true train.checkpoint_fraction=1 backend=fast"
+  with_fla
+  sweep 0 qwen3.5-9b_fast_profiled $one batch=16 train.profile_steps=2 || return
+  sweep 0 qwen3.5-9b_fast_compiled $one batch=8,16 backend.compile=true
 }
 step11() {  # fast's and Unsloth's batches and layouts around those their searches of 10 cells found best at 2,048
   local p="-m +experiment=tune train.max_steps=12 train.untimed_steps=4 gpu=a10 seq_len=2048 $packed_rows"
