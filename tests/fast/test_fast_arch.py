@@ -19,6 +19,7 @@ import inspect
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import REPO, TINY_SHAPE, compose_cfg, requires_cuda, run_in_process, tiny_config
 from omegaconf import OmegaConf
 
@@ -646,6 +647,58 @@ def test_compile_delta_rule_computes_qwen3_5_s_gated_delta_rule_through_one_comp
     assert len(rules) == 1 and reference not in rules
     assert loss == loss_ref and g.keys() == g_ref.keys()
     assert all(torch.equal(g[n], g_ref[n]) for n in g_ref), [n for n in g_ref if not torch.equal(g[n], g_ref[n])]
+
+
+def reference_kernels(group_heads=torch.repeat_interleave):
+    """fla's three functions as PyTorch computes them (lorabench.fast.delta_net.Kernels' signatures): the causal
+    depthwise convolution of transformers' fallback, transformers' chunked rule with the key heads laid out for the
+    value heads by `group_heads` (fla reads key head h // (value heads / key heads): repeat_interleave's layout),
+    and the gated RMSNorm in float32 as transformers' Qwen3_5RMSNormGated casts it."""
+    from transformers.models.qwen3_5 import modeling_qwen3_5
+
+    from lorabench.fast.delta_net import Kernels
+
+    def conv(x, weight, bias, activation):
+        y = F.conv1d(x.transpose(1, 2), weight[:, None], bias, padding=weight.shape[1] - 1, groups=weight.shape[0])
+        return F.silu(y[..., :x.shape[1]]).transpose(1, 2)
+
+    def rule(q, k, v, g, beta):
+        group = v.shape[2] // q.shape[2]
+        q, k = (group_heads(t, group, dim=2) for t in (q, k))
+        return modeling_qwen3_5.torch_chunk_gated_delta_rule(q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True)[0]
+
+    def norm(x, gate, weight, eps):
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
+                * F.silu(gate.float())).to(x.dtype)
+
+    return Kernels(conv, rule, norm)
+
+
+def test_fla_delta_net_computes_qwen3_5_s_linear_attention_layer_on_cpu():
+    """backend.fla_delta_net (on CUDA, with fla's kernels): each Gated DeltaNet layer in the projection's layout, key
+    heads shared by their value heads inside the rule, the norm and gate in one call. Here with PyTorch's versions of
+    fla's functions, in float64 (each layer's gated norm in float32, as transformers casts it): the loss and every
+    LoRA gradient (all-linear: the layer's own projections too) within 2^-16 of transformers' layer, ~16 float32
+    roundings; key heads laid out per value head the other way round (torch.repeat: head h reads h mod 2, not h // 2)
+    land far outside."""
+    from lorabench.fast import delta_net
+
+    base = build("qwen3_5_text", torch.float64)
+    ids = torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(3))
+    batch = {"input_ids": ids, "labels": ids}
+    c = cfg("lora.target_modules=[all-linear]", "lora.dropout=0", "train.gradient_checkpointing=true",
+            "train.checkpoint_fraction=0.5")
+    _, loss_ref, g_ref = logits_and_grads(copy.deepcopy(base), c, torch.device("cpu"), batch)
+    errors = []
+    for layout in (torch.repeat_interleave, lambda t, n, dim: t.repeat(1, 1, n, 1)):
+        model = copy.deepcopy(base)
+        assert delta_net.patch(model, reference_kernels(layout)) == 3 == len(delta_net.gated_delta_nets(base))
+        _, loss, g = logits_and_grads(model, c, torch.device("cpu"), batch)
+        assert g.keys() == g_ref.keys() and any("in_proj_qkv" in n for n in g)
+        errors.append(max([abs(loss - loss_ref) / abs(loss_ref)] + [
+            ((g[n] - g_ref[n]).norm() / g_ref[n].norm()).item() for n in g_ref]))
+    assert errors[0] <= 2**-16 < 2**-4 < errors[1], errors
 
 
 def test_the_compiled_delta_rule_keeps_its_matmuls_in_float32_under_a_bf16_cell_s_autocast():

@@ -71,3 +71,20 @@ def test_a_model_whose_keys_take_the_miscompiled_tile_gets_the_part_turned_off_b
         if refused:
             assert "64-wide key heads take that tile" in why.reason and why.off == {"fla_on_hopper": False}
     assert parts._fla_lacks(parts.features(tiny_config("llama")), None) is None
+
+
+def test_fla_delta_net_is_turned_off_by_name_where_fla_is_not_installed(monkeypatch):
+    """backend.fla_delta_net runs a linear-attention layer through fla's kernels: without the package the part is
+    off for the cell, saying what to install; a model without linear attention has nothing for it to do."""
+    from conftest import tiny_config
+
+    from lorabench.fast import delta_rule
+
+    qwen = parts.features(tiny_config("qwen3_5_text"))
+    for installed in (False, True):
+        monkeypatch.setattr(delta_rule, "fla_computes", lambda: installed)
+        why = parts._delta_net_lacks(qwen, None)
+        assert (why is None) == installed
+        if why is not None:
+            assert "pip install fla-core" in why.reason and why.off == {"fla_delta_net": False}
+        assert parts._delta_net_lacks(parts.features(tiny_config("llama")), None) is None

@@ -19,6 +19,8 @@
 #  10  Qwen3.5's cells of each backend on this GPU, Unsloth's first
 #  12  Qwen3.5-9B fast on this GPU in the layout its search found best (b16, every layer recomputed), two steps
 #      profiled; then each decoder layer through torch.compile (backend.compile=true) at b8 and b16
+#  13  fast's Gated DeltaNet layers through fla's kernels (backend.fla_delta_net): fla's exactness test with them in
+#      the fast run, then Qwen3.5-9B at b16 and b24, every layer recomputed
 #  11  2,000 ShareGPT conversations packed into rows of 2,048 tokens within 22 GiB (Mistral-7B): fast, and Unsloth
 #      through its own padding-free path (carry .gpudata: the conversations)
 set -u
@@ -98,9 +100,13 @@ step10() {  # Qwen3.5 on this GPU: Unsloth's search of 3 cells first (its checkp
   local all="search.checkpoint_fractions=[1] search.offload_fractions=[0]"
   qwen35 3 [4,8,16] - unsloth "$all" && qwen35 2 [8,16] [2,4] "fast hf" "$all"
 }
+one="-m +experiment=seed_optimum train.max_steps=12 train.untimed_steps=4 gpu=a10 seq_len=1024 model=qwen3.5-9b \
+  data=synthetic train.gradient_checkpointing=true train.checkpoint_fraction=1 backend=fast"
+step13() {
+  with_fla; [ -f $R/fla_test.txt ] || gpu_test fla_test.txt 200 fla_computes
+  grep -q "1 passed" $R/fla_test.txt && sweep 0 qwen3.5-9b_fast_delta_net $one batch=16,24
+}
 step12() {
-  local one="-m +experiment=seed_optimum train.max_steps=12 train.untimed_steps=4 gpu=a10 seq_len=1024 \
-    model=qwen3.5-9b data=synthetic train.gradient_checkpointing=true train.checkpoint_fraction=1 backend=fast"
   with_fla
   sweep 0 qwen3.5-9b_fast_profiled $one batch=16 train.profile_steps=2 || return
   sweep 0 qwen3.5-9b_fast_compiled $one batch=8,16 backend.compile=true

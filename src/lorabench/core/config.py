@@ -709,6 +709,7 @@ class BackendConfig:
     triton_input_grad: bool = False
     swiglu_in_gemm: bool = False
     fla_on_hopper: bool = False
+    fla_delta_net: bool = False
     compile_delta_rule: bool = False
     # backend=unsloth with train.gradient_checkpointing: Unsloth's own checkpointing, which offloads the
     # checkpointed layers' inputs to host memory ("unsloth"), or with false its plain one (True).

@@ -502,6 +502,25 @@ def _apply_fla(model, c: Config, device: torch.device, f: Features):
     return model
 
 
+def _delta_net_lacks(f: Features, c: Config) -> Refusal | None:
+    from lorabench.fast import delta_rule
+
+    if f.linear_attention and not delta_rule.fla_computes():
+        return Refusal(f"runs {f.model_type}'s linear-attention layers through flash-linear-attention's kernels, "
+                       "which are not installed (pip install fla-core)", {"fla_delta_net": False})
+    return None
+
+
+def _apply_delta_net(model, c: Config, device: torch.device, f: Features):
+    from lorabench.fast import delta_net
+
+    if f.linear_attention and device.type == "cuda":
+        n = delta_net.patch(model)
+        log.info("%d Gated DeltaNet layers with flash-linear-attention's causal convolution, grouped value heads and "
+                 "gated RMSNorm", n)
+    return model
+
+
 def _apply_delta_rule(model, c: Config, device: torch.device, f: Features):
     from lorabench.fast import delta_rule
 
@@ -589,6 +608,12 @@ PARTS = (
          "#640: its backward's 64-wide key tile): let through where the model's key heads take another (Qwen3.5's "
          "128-wide ones), refused as before where they take that one (lorabench.fast.delta_rule)", Stage.AFTER_LORA,
          Cuda.ONLY, lacks=_fla_lacks, apply=_apply_fla),
+    Part("fla_delta_net", "the rest of a linear-attention layer (Qwen3.5's Gated DeltaNet) through "
+         "flash-linear-attention's kernels too, where it is installed: the causal convolution with its SiLU in one "
+         "kernel in the projection's [tokens, channels] layout (no transposed copies), queries and keys shared by "
+         "their value heads inside the rule (no repeated copies), the gated RMSNorm in one kernel; the projections, "
+         "decay and beta transformers' own (lorabench.fast.delta_net)", Stage.AFTER_LORA, Cuda.ONLY,
+         lacks=_delta_net_lacks, apply=_apply_delta_net),
     Part("compile_delta_rule", "the chunked gated delta rule of linear-attention layers (Qwen3.5's Gated "
          "DeltaNet) where flash-linear-attention does not compute it: transformers' PyTorch function through "
          "torch.compile, the same operations with its elementwise steps fused around the matmuls and recomputed in "
