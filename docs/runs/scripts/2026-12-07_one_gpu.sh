@@ -104,7 +104,7 @@ one="-m +experiment=seed_optimum train.max_steps=12 train.untimed_steps=4 gpu=a1
   data=synthetic train.gradient_checkpointing=true train.checkpoint_fraction=1 backend=fast"
 step13() {
   with_fla; [ -f $R/fla_test.txt ] || gpu_test fla_test.txt 200 fla_computes
-  grep -q "1 passed" $R/fla_test.txt && sweep 0 qwen3.5-9b_fast_delta_net $one batch=16,24
+  grep -q "1 passed" $R/fla_test.txt && sweep 0 qwen3.5-9b_fast_delta_net $one batch=16,24 train.profile_steps=2
 }
 step12() {
   with_fla
