@@ -3,7 +3,7 @@ against hf with transformers' PyTorch rule, and the GPU tests of the 2026 famili
 import re
 
 from .recipes import GRADIENT, gradient
-from .runs import RUNS, bests, command, commit, gpu, link, software
+from .runs import RUNS, bests, cell, command, commit, gpu, layout_name, link, md_table, ratio, software, tok
 from .searched import searched_table
 
 RUN = "2026-12-07_h100_qwen35"  # one list on one GPU: the GPU tests, then fast's and hf's two cells each
@@ -58,3 +58,60 @@ def qwen35() -> str:
         + gpu_tests() + f" ({link(RUN + '/gpu_tests.txt')}). gpt-oss's attention is eager in fast since; the "
         "experts' size was exactly the test's bound, 0.5 + 1/64 bytes a weight, which the test states since.",
         f"Run dir: {link(RUN)} (commit {commit(one)}; {software(one)}); how it ran: {link(RUN + '/README.md')}."])
+
+
+UNSLOTH = "2026-12-07c_h100_qwen35_unsloth"  # three calls on H100s: Unsloth's search, fast profiled, fast's layer
+SHARES = ("matmul", "elementwise", "dequant", "attention", "loss", "idle")
+
+
+def _row(label: str, r) -> list[str]:
+    """A cell's layout, tok/s and peak, and where its profiled steps' time went (lorabench.measure.profile)."""
+    m = r.metrics
+    prof = " / ".join(f"{m[f'prof/{k}_ms']:,.0f}" for k in SHARES) if "prof/step_ms" in m else "-"
+    return [label, layout_name(r), f"{tok(r):,.0f}", f"{m['mem/peak_reserved_gib']:.1f}", prof]
+
+
+def qwen35_unsloth() -> str:
+    """Qwen3.5-9B: Unsloth's searched cells against fast's, each fast row one change from the one above."""
+    unsloth = bests(f"{UNSLOTH}/qwen3.5-9b_unsloth")["unsloth"]
+    plain, layer = cell(f"{UNSLOTH}/qwen3.5-9b_fast_profiled"), cell(f"{UNSLOTH}/qwen3.5-9b_fast_delta_net")
+    compiled = [c for c in (cell(f"{UNSLOTH}/qwen3.5-9b_fast_compiled/{i}") for i in (0, 1))]
+    ok = [c for c in compiled if c.status.value == "ok"]
+    rows = [_row("Unsloth's best of its cells" + (" (its search cut short)" if unsloth.cut_short else ""), unsloth.cell),
+            _row("fast, flash-linear-attention's rule (`backend.fla_delta_net=false`)", plain),
+            _row("fast, the whole Gated DeltaNet layer through fla's kernels (`backend.fla_delta_net`, on)", layer),
+            *(_row("fast, the rule's path with each decoder layer through torch.compile (`backend.compile=true`)", c)
+              for c in ok)]
+    oom = [c for c in compiled if c.status.value == "oom"]
+    head = ["Qwen3.5-9B, within 22 GiB, seq 1024", "batch, layout", "tok/s", "peak GiB",
+            "ms a step: " + " / ".join(SHARES)]
+    return "\n\n".join([
+        "## Qwen3.5-9B against Unsloth",
+        f"Three calls, each on one {gpu(layer)} (a fresh machine each, the same software), within 22 GiB (`gpu=a10`), seq 1024, nf4 "
+        f"QLoRA, LoRA r16 on q/k/v/o of its full-attention layers ({_trainable(unsloth.cell, layer)} trainable "
+        "parameters in both), synthetic rows. Unsloth ran its own search (its checkpointing of every layer, batches "
+        f"{', '.join(map(str, unsloth.cell.config['search']['batches']))}), cut short after {unsloth.measured} cells: "
+        "each of its cells first compiles every decoder layer as one region. fast "
+        f"ran at the layout its search found best ({layout_name(layer)}), two steps profiled, without and with "
+        "the layer's other steps through fla's kernels (fla-core 0.6.0). The last column splits a profiled step's device time "
+        "(lorabench.measure.profile).",
+        md_table(head, rows),
+        f"fast over Unsloth: {ratio(tok(layer) / tok(unsloth.cell))} (target 1.15x); through fla's layer kernels "
+        f"{ratio(tok(layer) / tok(plain))} fast's rule-only path. torch.compile of each decoder layer on top of fast's "
+        f"parts ran slower" + (f" and ran out of memory at b{oom[0].config['batch']}" if oom else "") + ". "
+        + _fla_layer_test(),
+        f"Run dir: {link(UNSLOTH)} (commits {commit(unsloth.cell)}, {commit(plain)}, {commit(layer)}; "
+        f"{software(layer)}); how it ran: {link(UNSLOTH + '/README.md')}."])
+
+
+def _trainable(*cells) -> str:
+    counts = {r.model["trainable"] for r in cells}
+    assert len(counts) == 1, f"different recipes: {counts} trainable parameters"
+    return f"{counts.pop():,}"
+
+
+def _fla_layer_test() -> str:
+    text = (RUNS / UNSLOTH / "fla_test.txt").read_text()
+    summary = re.findall(r"^=+ (.*(?:passed|failed).*) =+$", text, re.M)[-1]
+    return (f"fla's exactness test with fla_delta_net in the fast run (`test_fla_computes_qwen3_5_s_model_on_gpu`) on "
+            f"the same call's GPU: {summary.split(',')[0]} ({link(UNSLOTH + '/fla_test.txt')}).")
