@@ -73,18 +73,19 @@ def test_a_model_whose_keys_take_the_miscompiled_tile_gets_the_part_turned_off_b
     assert parts._fla_lacks(parts.features(tiny_config("llama")), None) is None
 
 
-def test_fla_delta_net_is_turned_off_by_name_where_fla_is_not_installed(monkeypatch):
-    """backend.fla_delta_net runs a linear-attention layer through fla's kernels: without the package the part is
-    off for the cell, saying what to install; a model without linear attention has nothing for it to do."""
+
+def test_fla_delta_net_patches_the_linear_attention_layers_where_fla_is_installed(monkeypatch):
+    """backend.fla_delta_net on a CUDA cell: with fla installed each Gated DeltaNet layer runs lorabench.fast.
+    delta_net's forward; without it the layers stay transformers' (as the rule does: transformers' PyTorch one)."""
     from conftest import tiny_config
 
-    from lorabench.fast import delta_rule
+    from lorabench.fast import delta_net, delta_rule
 
-    qwen = parts.features(tiny_config("qwen3_5_text"))
+    qwen, cuda = parts.features(tiny_config("qwen3_5_text")), torch.device("cuda", 0)
     for installed in (False, True):
+        patched = []
         monkeypatch.setattr(delta_rule, "fla_computes", lambda: installed)
-        why = parts._delta_net_lacks(qwen, None)
-        assert (why is None) == installed
-        if why is not None:
-            assert "pip install fla-core" in why.reason and why.off == {"fla_delta_net": False}
-        assert parts._delta_net_lacks(parts.features(tiny_config("llama")), None) is None
+        monkeypatch.setattr(delta_net, "patch", lambda model: patched.append(model) or 3)
+        model = torch.nn.Linear(2, 2)  # stands for the built model
+        assert parts._apply_delta_net(model, None, cuda, qwen) is model and patched == ([model] if installed else [])
+        assert parts._apply_delta_net(model, None, torch.device("cpu"), qwen) is model and len(patched) <= 1

@@ -502,19 +502,15 @@ def _apply_fla(model, c: Config, device: torch.device, f: Features):
     return model
 
 
-def _delta_net_lacks(f: Features, c: Config) -> Refusal | None:
-    from lorabench.fast import delta_rule
-
-    if f.linear_attention and not delta_rule.fla_computes():
-        return Refusal(f"runs {f.model_type}'s linear-attention layers through flash-linear-attention's kernels, "
-                       "which are not installed (pip install fla-core)", {"fla_delta_net": False})
-    return None
-
-
 def _apply_delta_net(model, c: Config, device: torch.device, f: Features):
-    from lorabench.fast import delta_net
+    from lorabench.fast import delta_net, delta_rule
 
-    if f.linear_attention and device.type == "cuda":
+    if not f.linear_attention or device.type != "cuda":
+        return model
+    if not delta_rule.fla_computes():
+        log.info("backend.fla_delta_net: flash-linear-attention is not installed (pip install fla-core); %s's "
+                 "linear-attention layers stay transformers' own", f.model_type)
+    else:
         n = delta_net.patch(model)
         log.info("%d Gated DeltaNet layers with flash-linear-attention's causal convolution, grouped value heads and "
                  "gated RMSNorm", n)
@@ -613,7 +609,7 @@ PARTS = (
          "kernel in the projection's [tokens, channels] layout (no transposed copies), queries and keys shared by "
          "their value heads inside the rule (no repeated copies), the gated RMSNorm in one kernel; the projections, "
          "decay and beta transformers' own (lorabench.fast.delta_net)", Stage.AFTER_LORA, Cuda.ONLY,
-         lacks=_delta_net_lacks, apply=_apply_delta_net),
+         apply=_apply_delta_net),
     Part("compile_delta_rule", "the chunked gated delta rule of linear-attention layers (Qwen3.5's Gated "
          "DeltaNet) where flash-linear-attention does not compute it: transformers' PyTorch function through "
          "torch.compile, the same operations with its elementwise steps fused around the matmuls and recomputed in "

@@ -44,6 +44,7 @@ class Family:
     liger_mlp: str | None = None  # the keyword of Liger's gated-MLP kernel for it (swiglu, geglu); None: no patch
     liger_mlp_class: str = "MLP"  # the class Liger's patch replaces: MLP, or Experts (MoE)
     liger_extra: tuple[str, ...] = ()  # other module attributes its patch replaces (Mistral's CrossEntropyLoss)
+    liger_model: str = ""  # Liger's name for it, where not the model_type (apply_liger_kernel_to_qwen3_5)
     # ---- tokenizers that ship offline, by vocabulary size (lorabench.models.tokenizers names them)
     tokenizers: Mapping[int, str] = field(default_factory=dict)
     no_tokenizer: str = ""  # why none ships, where that is known
@@ -64,7 +65,7 @@ class Family:
 
     @property
     def liger_function(self) -> str | None:
-        return f"apply_liger_kernel_to_{self.model_type}" if self.liger_mlp else None
+        return f"apply_liger_kernel_to_{self.liger_model or self.model_type}" if self.liger_mlp else None
 
 
 # The shape of every family's tiny random checkpoint (the tests', and the census's measurements of one layer's
@@ -115,7 +116,7 @@ FAMILIES: Mapping[str, Family] = MappingProxyType({f.model_type: f for f in (
            tiny=dict(pad_token_id=0, partial_rotary_factor=0.75)),
     # ---- the families of 2026: numbers measured on the built model (census), no fast attention of their own yet
     Family("qwen3_5_text", "Qwen3_5", qk_norm=True, norm_plus_one=True, linear_attention=True, gated_mlp=True,
-           no_tokenizer=QWEN35, tiny=dict(QWEN35_TINY)),
+           liger_mlp="swiglu", liger_model="qwen3_5", no_tokenizer=QWEN35, tiny=dict(QWEN35_TINY)),
     Family("qwen3_5_moe_text", "Qwen3_5Moe", qk_norm=True, norm_plus_one=True, linear_attention=True,
            no_tokenizer=QWEN35, tiny=dict(QWEN35_TINY, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                                           shared_expert_intermediate_size=32)),
