@@ -21,6 +21,10 @@
 #      profiled; then each decoder layer through torch.compile (backend.compile=true) at b8 and b16
 #  13  fast's Gated DeltaNet layers through fla's kernels (backend.fla_delta_net): fla's exactness test with them in
 #      the fast run, then Qwen3.5-9B at b16 and b24, every layer recomputed
+#  14  Qwen3.5 with Liger's patch too: its family test (fla aside) and fla's test, then fast's search at seq 1024
+#      within 22 GiB (every or half the layers recomputed, batches 4-24)
+#  15  Unsloth's Qwen3.5 cells at b8 and b16, its checkpointing on (its search's best layout), for a ratio within
+#      one call's machine beside step 14's
 #  11  2,000 ShareGPT conversations packed into rows of 2,048 tokens within 22 GiB (Mistral-7B): fast, and Unsloth
 #      through its own padding-free path (carry .gpudata: the conversations)
 set -u
@@ -60,7 +64,7 @@ qwen35() {  # qwen35 <cells a backend> <fast's and Unsloth's batches> <hf's batc
 step3() { qwen35 4 [2,4,8,16] [2,4,8,16]; }
 step4() {  # 4 cells a backend from 49,152 tokens up, 2 timed steps a cell
   for b in fast unsloth; do
-    sweep 0 llama-3.1-8b_max_context_$b -m +experiment=max_context gpu=a10 model=llama-3.1-8b search.max_cells=4 \
+    sweep 0 llama-3.1-8b_max_context_$b -m +experiment=max_context gpu=a10 model=llama-3.1-8b search.max_cells=5 \
       search.min_seq_len=49152 train.max_steps=4 train.untimed_steps=2 backend=$b || return
   done
   # where a long row's memory goes (memory_at_peak.json; pack_gpu leaves the allocator's pickle out)
@@ -100,11 +104,23 @@ step10() {  # Qwen3.5 on this GPU: Unsloth's search of 3 cells first (its checkp
   local all="search.checkpoint_fractions=[1] search.offload_fractions=[0]"
   qwen35 3 [4,8,16] - unsloth "$all" && qwen35 2 [8,16] [2,4] "fast hf" "$all"
 }
-one="-m +experiment=seed_optimum train.max_steps=12 train.untimed_steps=4 gpu=a10 seq_len=1024 model=qwen3.5-9b \
-  data=synthetic train.gradient_checkpointing=true train.checkpoint_fraction=1 backend=fast"
+q35="-m +experiment=seed_optimum train.max_steps=12 train.untimed_steps=4 gpu=a10 seq_len=1024 model=qwen3.5-9b \
+  data=synthetic train.gradient_checkpointing=true train.checkpoint_fraction=1"; one="$q35 backend=fast"
 step13() {
   with_fla; [ -f $R/fla_test.txt ] || gpu_test fla_test.txt 200 fla_computes
   grep -q "1 passed" $R/fla_test.txt && sweep 0 qwen3.5-9b_fast_delta_net $one batch=16,24 train.profile_steps=2
+}
+step14() {
+  if [ ! -f $R/q35_tests.txt ]; then
+    no_fla; gpu_test q35_tests.txt 200 "architecture_s_model_on_gpu and qwen3_5"
+    with_fla; gpu_test q35_tests.txt 240 fla_computes
+  fi
+  with_fla; sweep 0 qwen3.5-9b_fast_liger $search model=qwen3.5-9b data=synthetic search.max_cells=5 \
+    search.batches=[4,8,16,24] search.checkpoint_fractions=[0.5,1] search.offload_fractions=[0] backend=fast
+}
+step15() {
+  no_fla; sweep 0 qwen3.5-9b_unsloth_b8_b16 $q35 batch=8,16 backend.unsloth_offload=false backend=unsloth
+  with_fla
 }
 step12() {
   with_fla
