@@ -6,8 +6,8 @@ output gate), in_proj_b and in_proj_a (one beta and one decay per value head); a
 width 4 with SiLU over the qkv channels; the chunked gated delta rule; an RMSNorm of each value head's output gated
 by SiLU(z); out_proj. Around the rule it runs each step as PyTorch ops: the convolution in the [batch, channels,
 tokens] layout (a transposed copy of the row each way), queries and keys repeated to the value heads' count (two
-copies), the gated norm in float32 (five passes over the output). On an H100 at 16 x 1,024 tokens those steps were
-over half of a Qwen3.5-9B training step's time.
+copies), the gated norm in float32 (five passes over the output): each a pass over a [tokens x channels] tensor in
+memory, forward, recomputed and backward, beside the layer's matmuls.
 
 Here the same layer computes the same function with fla's kernels: its causal convolution with SiLU in one Triton
 kernel, forward and backward, in the [batch, tokens, channels] layout the projection writes; the rule with queries

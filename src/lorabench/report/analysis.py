@@ -529,7 +529,8 @@ def without_varlen(r: CellResult) -> bool:
 
 
 def backend_name(r: CellResult) -> str:
-    """A cell's backend as the report names it: "Unsloth without its varlen kernel" where it had none."""
+    """A cell's backend as the report names it: "Unsloth without its varlen kernel" where it had no route for packed
+    rows, "Unsloth packing through SDPA per sample (no varlen kernel)" where it packed through that one."""
     if not without_varlen(r):
         return r.config["backend"]["name"]
     if r.model.get("unsloth_varlen_kernel") == "none":
