@@ -167,8 +167,8 @@ def test_liger_patch_is_refused_where_the_architecture_lacks_what_its_kernel_com
 
 
 def test_fused_forwards_are_refused_under_another_transformers_release(monkeypatch):
-    """lorabench.fast.fused's attention forward is the pinned transformers release's: under any other it is
-    refused, a patch release too (its forwards may differ)."""
+    """lorabench.fast.fused's attention forward and lorabench.fast.delta_net's Gated DeltaNet layer are the pinned
+    transformers release's: under any other they are refused, a patch release too (its forwards may differ)."""
     import transformers
 
     assert f"transformers=={parts.FORWARDS_OF}" in (REPO / "pyproject.toml").read_text()
@@ -177,11 +177,17 @@ def test_fused_forwards_are_refused_under_another_transformers_release(monkeypat
         line = rf"fused_lora computes transformers 5.17.0's attention forwards; transformers {other} is installed "
         with pytest.raises(CellSkipped, match=line + r"\(use backend=hf, or backend.fused_lora=false\)"):
             parts.check_parts(fast_cfg(), arch_config("llama"), torch.device("cpu"))
+        # Qwen3.5's Gated DeltaNet layer (lorabench.fast.delta_net) likewise
+        assert parts._delta_net_lacks(parts.features(arch_config("qwen3_5_text")), None).off == {
+            "fla_delta_net": False}
+    monkeypatch.undo()
+    assert parts._delta_net_lacks(parts.features(arch_config("qwen3_5_text")), None) is None
 
 
 # The source of every forward the fast path copies, as it was when its copy was checked against it (sha256,
 # first 16 hex digits). A new transformers release that changes one fails here, naming it: compare the copy
-# (lorabench.fast.fused, lorabench.fast.kernels.norm) with the new forward before updating its digest.
+# (lorabench.fast.fused, lorabench.fast.kernels.norm, lorabench.fast.delta_net) with the new forward before updating
+# its digest.
 COPIED = {
     "transformers.models.mistral.modeling_mistral.MistralAttention.forward": "98e841a5cfbac696",
     "transformers.models.llama.modeling_llama.LlamaAttention.forward": "dc6807936ef6103d",
@@ -216,6 +222,10 @@ COPIED = {
     "transformers.models.phi3.modeling_phi3.Phi3DecoderLayer.forward": "d9c19cbe2c39a431",
     "transformers.models.ministral3.modeling_ministral3.Ministral3DecoderLayer.forward": "75d1d62e173e8c57",
     "transformers.models.smollm3.modeling_smollm3.SmolLM3DecoderLayer.forward": "75d1d62e173e8c57",
+    "transformers.models.qwen3_5.modeling_qwen3_5.Qwen3_5GatedDeltaNet.forward": "bd25761e1031fff0",
+    "transformers.models.qwen3_5.modeling_qwen3_5.Qwen3_5RMSNormGated.forward": "5a4bd64da7fd08bd",
+    "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe.Qwen3_5MoeGatedDeltaNet.forward": "bd25761e1031fff0",
+    "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe.Qwen3_5MoeRMSNormGated.forward": "5a4bd64da7fd08bd",
 }
 
 

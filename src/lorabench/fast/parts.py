@@ -193,14 +193,17 @@ def _forward_lacks(key: str, what: str) -> Refusal | None:
 
 def copied_forwards() -> dict[str, str]:
     """{qualified name: sha256 of its source} of every transformers forward the fast path computes a copy of:
-    each family's attention and gated MLP (lorabench.fast.fused) and Mistral's decoder layer
-    (lorabench.fast.kernels.norm), as the installed transformers has them."""
+    each family's attention and gated MLP (lorabench.fast.fused), Mistral's decoder layer
+    (lorabench.fast.kernels.norm) and the Gated DeltaNet layer with its gated norm (lorabench.fast.delta_net), as the
+    installed transformers has them."""
     import hashlib
 
     names = [f"{f.module}.{f.prefix}Attention.forward" for f in FAMILIES.values() if f.fused_attention]
     names += [f"{f.module}.{f.prefix}MLP.forward" for f in FAMILIES.values()
               if f.gated_mlp and hasattr(importlib.import_module(f.module), f"{f.prefix}MLP")]
     names += [f"{f.module}.{f.prefix}DecoderLayer.forward" for f in FAMILIES.values() if f.mistral_layer]
+    names += [f"{f.module}.{f.prefix}{cls}.forward" for f in FAMILIES.values() if f.linear_attention
+              for cls in ("GatedDeltaNet", "RMSNormGated")]  # lorabench.fast.delta_net
     out = {}
     for name in names:
         module, cls, fn = name.rsplit(".", 2)
@@ -502,6 +505,10 @@ def _apply_fla(model, c: Config, device: torch.device, f: Features):
     return model
 
 
+def _delta_net_lacks(f: Features, c: Config) -> Refusal | None:
+    return _forward_lacks("fla_delta_net", "Gated DeltaNet layer forward") if f.linear_attention else None
+
+
 def _apply_delta_net(model, c: Config, device: torch.device, f: Features):
     from lorabench.fast import delta_net, delta_rule
 
@@ -609,7 +616,7 @@ PARTS = (
          "kernel in the projection's [tokens, channels] layout (no transposed copies), queries and keys shared by "
          "their value heads inside the rule (no repeated copies), the gated RMSNorm in one kernel; the projections, "
          "decay and beta transformers' own (lorabench.fast.delta_net)", Stage.AFTER_LORA, Cuda.ONLY,
-         apply=_apply_delta_net),
+         lacks=_delta_net_lacks, apply=_apply_delta_net),
     Part("compile_delta_rule", "the chunked gated delta rule of linear-attention layers (Qwen3.5's Gated "
          "DeltaNet) where flash-linear-attention does not compute it: transformers' PyTorch function through "
          "torch.compile, the same operations with its elementwise steps fused around the matmuls and recomputed in "
