@@ -697,9 +697,9 @@ def test_fla_delta_net_computes_qwen3_5_s_linear_attention_layer_on_cpu():
     """backend.fla_delta_net (on CUDA, with fla's kernels): each Gated DeltaNet layer in the projection's layout, key
     heads shared by their value heads inside the rule, the norm and gate in one call. Here with PyTorch's versions of
     fla's functions, in float64 (each layer's gated norm in float32, as transformers casts it): the loss and every
-    LoRA gradient (all-linear: the layer's own projections too) within 2^-16 of transformers' layer, ~16 float32
-    roundings; key heads laid out per value head the other way round (torch.repeat: head h reads h mod 2, not h // 2)
-    land far outside."""
+    LoRA gradient (all-linear: the layer's own projections too) within 2^-16 of transformers' layer: 2^8 float32
+    roundings (2^-24 each) of the norms, in another order, carried through the backward; key heads laid out per
+    value head the other way round (torch.repeat: head h reads h mod 2, not h // 2) land far outside."""
     from lorabench.fast import delta_net
 
     base = build("qwen3_5_text", torch.float64)
