@@ -25,15 +25,19 @@ def gpu_tests() -> str:
     return f"{passed} of {passed + failed} passed; failed: " + "; ".join(failures)
 
 
+def pytest_summary(path: str) -> str:
+    """pytest's last summary line in a run dir's file ("1 passed, 108 deselected, 2 warnings in 189.57s")."""
+    return re.findall(r"^=+ (.*(?:passed|failed).*) =+$", (RUNS / path).read_text(), re.M)[-1]
+
+
 def fla_exactness() -> str:
     """fla's GPU exactness test as pytest summed it up: passed or failed, on which GPU."""
-    text = (RUNS / FLA / "fla_test.txt").read_text()
-    summary = re.findall(r"^=+ (.*(?:passed|failed).*) =+$", text, re.M)[-1]
+    summary = pytest_summary(f"{FLA}/fla_test.txt")
     counts, seconds = re.search(r"^(.*?(?:passed|failed))\b.* in ([\d.]+)s", summary).groups()
     ok = counts == "1 passed"
     gpu_name = (RUNS / FLA / "gpu_c1.csv").read_text().splitlines()[1].split(",")[1].strip()
-    return (f"fla's own exactness test (`test_fla_computes_qwen3_5_s_model_on_gpu`: fast with fla's kernels and hf with "
-            f"the PyTorch rule, both in bf16, against hf in float64) {'passed' if ok else 'did not pass'} on an "
+    return ("fla's own exactness test (`test_fla_computes_qwen3_5_s_model_on_gpu`: fast with fla's kernels and hf "
+            f"with the PyTorch rule, both in bf16, against hf in float64) {'passed' if ok else 'did not pass'} on an "
             f"{gpu_name} in a later call ({counts} in {float(seconds):.0f} s; {link(FLA + '/fla_test.txt')})")
 
 
@@ -75,9 +79,10 @@ def qwen35_unsloth() -> str:
     """Qwen3.5-9B: Unsloth's searched cells against fast's, each fast row one change from the one above."""
     unsloth = bests(f"{UNSLOTH}/qwen3.5-9b_unsloth")["unsloth"]
     plain, layer = cell(f"{UNSLOTH}/qwen3.5-9b_fast_profiled"), cell(f"{UNSLOTH}/qwen3.5-9b_fast_delta_net")
-    compiled = [c for c in (cell(f"{UNSLOTH}/qwen3.5-9b_fast_compiled/{i}") for i in (0, 1))]
+    compiled = [cell(f"{UNSLOTH}/qwen3.5-9b_fast_compiled/{i}") for i in (0, 1)]
     ok = [c for c in compiled if c.status.value == "ok"]
-    rows = [_row("Unsloth's best of its cells" + (" (its search cut short)" if unsloth.cut_short else ""), unsloth.cell),
+    cut = " (its search cut short)" if unsloth.cut_short else ""
+    rows = [_row("Unsloth's best of its cells" + cut, unsloth.cell),
             _row("fast, flash-linear-attention's rule (`backend.fla_delta_net=false`)", plain),
             _row("fast, the whole Gated DeltaNet layer through fla's kernels (`backend.fla_delta_net`, on)", layer),
             *(_row("fast, the rule's path with each decoder layer through torch.compile (`backend.compile=true`)", c)
@@ -87,14 +92,15 @@ def qwen35_unsloth() -> str:
             "ms a step: " + " / ".join(SHARES)]
     return "\n\n".join([
         "## Qwen3.5-9B against Unsloth",
-        f"Three calls, each on one {gpu(layer)} (a fresh machine each, the same software), within 22 GiB (`gpu=a10`), seq 1024, nf4 "
-        f"QLoRA, LoRA r16 on q/k/v/o of its full-attention layers ({_trainable(unsloth.cell, layer)} trainable "
-        "parameters in both), synthetic rows. Unsloth ran its own search (its checkpointing of every layer, batches "
+        f"Three calls, each on one {gpu(layer)} (a fresh machine each, the same software), within 22 GiB "
+        "(`gpu=a10`), seq 1024, nf4 QLoRA, LoRA r16 on q/k/v/o of its full-attention layers "
+        f"({_trainable(unsloth.cell, layer)} trainable parameters in both), synthetic rows. Unsloth ran its own "
+        "search (its checkpointing of every layer, batches "
         f"{', '.join(map(str, unsloth.cell.config['search']['batches']))}), cut short after {unsloth.measured} cells: "
-        "each of its cells first compiles every decoder layer as one region. fast "
-        f"ran at the layout its search found best ({layout_name(layer)}), two steps profiled, without and with "
-        "the layer's other steps through fla's kernels (fla-core 0.6.0). The last column splits a profiled step's device time "
-        "(lorabench.measure.profile).",
+        "each of its cells first compiles every decoder layer as one region. fast ran at the layout its search "
+        f"found best ({layout_name(layer)}), two steps profiled, without and with "
+        "the layer's other steps through fla's kernels (fla-core 0.6.0). The last column splits a profiled step's "
+        "device time (lorabench.measure.profile).",
         md_table(head, rows),
         f"fast over Unsloth: {ratio(tok(layer) / tok(unsloth.cell))} (target 1.15x); through fla's layer kernels "
         f"{ratio(tok(layer) / tok(plain))} fast's rule-only path. torch.compile of each decoder layer on top of fast's "
@@ -111,7 +117,6 @@ def _trainable(*cells) -> str:
 
 
 def _fla_layer_test() -> str:
-    text = (RUNS / UNSLOTH / "fla_test.txt").read_text()
-    summary = re.findall(r"^=+ (.*(?:passed|failed).*) =+$", text, re.M)[-1]
+    summary = pytest_summary(f"{UNSLOTH}/fla_test.txt")
     return (f"fla's exactness test with fla_delta_net in the fast run (`test_fla_computes_qwen3_5_s_model_on_gpu`) on "
             f"the same call's GPU: {summary.split(',')[0]} ({link(UNSLOTH + '/fla_test.txt')}).")
