@@ -25,6 +25,8 @@
 #      b24, every layer recomputed, two steps profiled (step 13's cells with Liger)
 #  15  Unsloth's Qwen3.5 cells at b8 and b16, its checkpointing on (its search's best layout), for a ratio within
 #      one call's machine beside step 14's
+#  16  Unsloth's Qwen3.5 at b8 (its best layout), then fast at b16 (step 14's), on one machine
+#  17  Unsloth's Qwen3.5 at b16, then fast at b24
 #  11  2,000 ShareGPT conversations packed into rows of 2,048 tokens within 22 GiB (Mistral-7B): fast, and Unsloth
 #      through its own padding-free path (carry .gpudata: the conversations)
 set -u
@@ -118,6 +120,12 @@ step15() {
   no_fla; sweep 0 qwen3.5-9b_unsloth_b8_b16 $q35 batch=8,16 backend.unsloth_offload=false backend=unsloth
   with_fla
 }
+pair() {  # pair <Unsloth's batch> <fast's batch>: one cell of each on the same machine, Unsloth's first
+  no_fla; sweep 0 qwen3.5-9b_unsloth_b$1 $q35 batch=$1 backend.unsloth_offload=false backend=unsloth
+  with_fla; sweep 0 qwen3.5-9b_fast_liger_b$2 $one batch=$2
+}
+step16() { pair 8 16; }
+step17() { pair 16 24; }
 step12() {
   with_fla
   sweep 0 qwen3.5-9b_fast_profiled $one batch=16 train.profile_steps=2 || return
