@@ -27,6 +27,7 @@
 #      one call's machine beside step 14's
 #  16  Unsloth's Qwen3.5 at b8 (its best layout), then fast at b16 (step 14's), on one machine
 #  17  Unsloth's Qwen3.5 at b16, then fast at b24
+#  18  step 11's Unsloth at b8 (its search went from b12 up)
 #  11  2,000 ShareGPT conversations packed into rows of 2,048 tokens within 22 GiB (Mistral-7B): fast, and Unsloth
 #      through its own padding-free path (carry .gpudata: the conversations)
 set -u
@@ -137,6 +138,10 @@ step11() {  # fast's and Unsloth's batches and layouts around those their search
     search.offload_fractions=[0] backend=fast || return
   sweep 0 packed_s2048_unsloth $p search.max_cells=3 search.batches=[8,12,16] search.checkpoint_fractions=[1] \
     backend=unsloth
+}
+step18() {  # Unsloth's packed ShareGPT at b8, below the batch its search started from
+  sweep 0 packed_s2048_unsloth_b8 -m +experiment=tune train.max_steps=12 train.untimed_steps=4 gpu=a10 seq_len=2048 \
+    $packed_rows train.gradient_checkpointing=true train.checkpoint_fraction=1 batch=8 backend=unsloth
 }
 step8() {  # the whole card: gpu=h200 or gpu=h100, as nvidia-smi names it
   local card=h100 b rc=0; nvidia-smi -L | grep -q H200 && card=h200
