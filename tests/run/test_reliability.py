@@ -182,6 +182,24 @@ def test_a_sweep_past_its_deadline_starts_no_cell_and_the_same_command_without_i
     assert rest.stderr.strip().splitlines()[-1] == "cells: 2 = 2 ok"
 
 
+def test_the_deadline_keeps_a_next_cell_from_starting_and_lets_a_sweep_s_last_cell_end_it_as_usual(tmp_path):
+    """sweep.deadline_s is checked after each cell: past it, a next cell of the command's list does not start; after
+    the list's last cell there is none to keep back, so the sweep ends as a whole one (its exit code, not 4). A
+    search picks its next cell as it goes: after any of its cells the deadline holds."""
+    from omegaconf import OmegaConf
+
+    from lorabench.core.results import CELLS_FILE, RunContext
+    from lorabench.sweep.callbacks import EndSweep
+
+    (tmp_path / CELLS_FILE).write_text(json.dumps({"cells": [["train.seed=0"], ["train.seed=1"]]}))
+    cfg = OmegaConf.create({"sweep": {"deadline_s": 0.001}, "backend": {"name": "fast"}})
+    first, last = (RunContext(tmp_path / str(i), f"train.seed={i}", i, tmp_path) for i in (0, 1))
+    assert EndSweep.out_of_time(cfg, first).startswith("sweep.deadline_s=0.001: ")
+    assert EndSweep.out_of_time(cfg, last) is None
+    searched = RunContext(tmp_path / "1", "batch=8", 1, tmp_path, search=True)
+    assert EndSweep.out_of_time(cfg, searched).startswith("sweep.deadline_s=0.001: ")
+
+
 def test_a_cell_that_cannot_fit_in_host_memory_is_refused_before_anything_is_built(tmp_path):
     """The issue's cell: 512 x 4096 tokens of logits over 32768 words is 512 GiB in fp32. It is
     recorded oom (exit code 3) with its need and what the host has, in a second, with no step run."""

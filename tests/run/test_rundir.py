@@ -423,7 +423,8 @@ def test_by_name_links_with_a_relative_sweep_dir(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     hc = SimpleNamespace(overrides=SimpleNamespace(task=["batch=2"]), runtime=SimpleNamespace(
         choices={}, output_dir=str(tmp_path / "sweeps" / "0")), mode=__import__("hydra.types").types.RunMode.MULTIRUN,
-        sweep=SimpleNamespace(dir="sweeps"), job=SimpleNamespace(override_dirname="batch=2", num=0))
+        sweep=SimpleNamespace(dir="sweeps"), job=SimpleNamespace(override_dirname="batch=2", num=0),
+        sweeper={"_target_": "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"})
     ctx = RunContext.from_hydra(hc)
     assert ctx.sweep_dir == tmp_path / "sweeps"
     (tmp_path / "sweeps" / "0").mkdir(parents=True)

@@ -31,6 +31,7 @@ LIBS = ("torch", "transformers", "peft", "accelerate", "bitsandbytes", "hydra-co
         "mistral-common", "nvidia-ml-py", "wandb", "liger-kernel", "triton", "unsloth", "unsloth_zoo")
 RESULT_FILE = "metrics.json"
 CONFIG_FILE = "cell_config.yaml"  # in a cell dir run by lorabench.run.distributed: its resolved config, for each rank
+SEARCH_SWEEPER = "lorabench_search.BudgetSearch"  # hydra.sweeper._target_ of a search (+experiment=tune)
 CELLS_FILE = "cells.json"  # in a sweep dir: every cell's overrides, written by the preflight
 
 
@@ -68,6 +69,7 @@ class RunContext:
     job_num: int = 0
     sweep_dir: Optional[Path] = None  # set in a multirun
     choices: dict = field(default_factory=dict)  # the option of each config group: {"backend": "fast"}
+    search: bool = False  # a search's multirun (+experiment=tune, max_context): it picks each next cell as it goes
 
     @property
     def multirun(self) -> bool:
@@ -89,8 +91,9 @@ class RunContext:
             return cls(Path(hc.runtime.output_dir), hc.job.override_dirname or "defaults", 0, None, choices)
         # Absolute, as Hydra makes output_dir: a cell's dir is then found inside it (by_name/ links).
         sweep_dir = Path(hc.sweep.dir).absolute()
+        search = str(hc.sweeper.get("_target_", "")).endswith(SEARCH_SWEEPER)
         return cls(Path(hc.runtime.output_dir), cell_name(overrides, read_cells(sweep_dir), hc.job.override_dirname),
-                   hc.job.num, sweep_dir, choices)
+                   hc.job.num, sweep_dir, choices, search)
 
 
 def read_cells(sweep_dir: Path) -> list[list[str]]:

@@ -41,11 +41,13 @@ from lorabench.core.results import (
     CELLS_FILE,
     EXIT_CODES,
     MEASURED,
+    SEARCH_SWEEPER,
     CellResult,
     RunContext,
     Status,
     atomic_write_json,
     load_results,
+    read_cells,
 )
 from lorabench.run import rundir
 from lorabench.run.checks import bench_problems, value_problems
@@ -207,7 +209,7 @@ def duplicates(cells: list[list[str]]) -> str | None:
 def is_search(config: DictConfig) -> bool:
     """The sweep is +experiment=tune's or +experiment=max_context's search (lorabench.sweep.search), whose cells it
     chooses as it goes."""
-    return str(OmegaConf.select(config, "hydra.sweeper._target_", default="")).endswith("lorabench_search.BudgetSearch")
+    return str(OmegaConf.select(config, "hydra.sweeper._target_", default="")).endswith(SEARCH_SWEEPER)
 
 
 def other_searches(sweep_dir: Path, cells: list[list[str]], config=None) -> list[str]:
@@ -375,6 +377,8 @@ class EndSweep:
         deadline = OmegaConf.select(cfg, "sweep.deadline_s", default=None)
         if deadline is None:
             return None
+        if not ctx.search and ctx.job_num + 1 >= len(read_cells(ctx.sweep_dir)):
+            return None  # the sweep's last cell: no next one to keep from starting (a search's list grows as it goes)
         import psutil
 
         age = time.time() - psutil.Process().create_time()  # (a forked process: since the fork)
