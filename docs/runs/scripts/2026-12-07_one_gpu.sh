@@ -139,9 +139,10 @@ step11() {  # fast's and Unsloth's batches and layouts around those their search
   sweep 0 packed_s2048_unsloth $p search.max_cells=3 search.batches=[8,12,16] search.checkpoint_fractions=[1] \
     backend=unsloth
 }
-step18() {  # Unsloth's packed ShareGPT at b8, below the batch its search started from
-  sweep 0 packed_s2048_unsloth_b8 -m +experiment=tune train.max_steps=12 train.untimed_steps=4 gpu=a10 seq_len=2048 \
-    $packed_rows train.gradient_checkpointing=true train.checkpoint_fraction=1 batch=8 backend.unsloth_offload=false backend=unsloth
+step18() {  # Unsloth's packed ShareGPT at b8, its checkpointing on (below the batch its search started from)
+  sweep 0 packed_s2048_unsloth_b8 -m +experiment=seed_optimum train.max_steps=12 train.untimed_steps=4 gpu=a10 \
+    seq_len=2048 $packed_rows train.gradient_checkpointing=true train.checkpoint_fraction=1 batch=8 \
+    backend.unsloth_offload=false backend=unsloth
 }
 step8() {  # the whole card: gpu=h200 or gpu=h100, as nvidia-smi names it
   local card=h100 b rc=0; nvidia-smi -L | grep -q H200 && card=h200

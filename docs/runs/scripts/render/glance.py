@@ -3,7 +3,7 @@ same run dirs as docs/results.md's first and third sections."""
 import statistics
 
 from . import models, qwen35, reference
-from .runs import bests, cell, md_table, short_gpu, tok
+from .runs import bests, md_table, short_gpu, tok
 
 HEADER = ("Non-pad tokens/s of QLoRA fine-tuning (nf4, LoRA r16 on q/k/v/o) within 22 GiB, an A10's memory, on "
           "fixed-length rows. Each backend runs at the best batch and layout of its own search (`+experiment=tune`); "
@@ -38,13 +38,11 @@ def model_rows() -> list[list]:
 
 
 def behind() -> str:
-    """Where fast trails Unsloth: Qwen3.5-9B (its cells on one GPU model, in separate calls; docs/results.md)."""
-    unsloth = bests(f"{qwen35.UNSLOTH}/qwen3.5-9b_unsloth")["unsloth"].cell
-    fast = cell(f"{qwen35.UNSLOTH}/qwen3.5-9b_fast_delta_net")
-    return (f"Behind: on Qwen3.5-9B (hybrid linear attention, seq 1024, within 22 GiB, {short_gpu(fast)}) fast's "
-            f"{tok(fast):,.0f} tok/s is {tok(fast) / tok(unsloth):.2f}x "
-            "Unsloth's, which compiles each decoder layer whole ([docs/results.md](docs/results.md#qwen35-9b-against-"
-            "unsloth)).")
+    """fast's narrowest lead over Unsloth: Qwen3.5-9B, fast's and Unsloth's cells on one machine."""
+    fast, unsloth = qwen35.one_machine()
+    return (f"Narrowest lead: on Qwen3.5-9B (hybrid linear attention, seq 1024, within 22 GiB, {short_gpu(fast)}) "
+            f"fast's {tok(fast):,.0f} tok/s is {tok(fast) / tok(unsloth):.2f}x Unsloth's {tok(unsloth):,.0f}, which "
+            "compiles each decoder layer whole ([docs/results.md](docs/results.md#qwen35-9b-against-unsloth)).")
 
 
 def glance() -> str:

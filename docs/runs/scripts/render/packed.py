@@ -1,5 +1,5 @@
 """Mistral-7B on packed ShareGPT rows within 22 GiB: each backend's best of one search per seq_len."""
-from .runs import bests, command, commit, gpu, link, md_table, ratio, software, tok
+from .runs import bests, cell, command, commit, gpu, layout_name, link, md_table, ratio, software, tok
 
 PACKED = "2026-11-27_packed"  # one +experiment=tune sweep per seq_len on packed rows, one per GPU of a 4 x H200
 SEQS = (512, 1024, 2048)
@@ -45,4 +45,25 @@ def packed() -> str:
         f"Run dirs: {', '.join(link(f'{PACKED}/packed_s{s}') for s in SEQS)} (commit {commit(one)}; "
         f"{software(one)}). A fault this run found (fast cells with layers both recomputed and offloaded trained on "
         "wrong LoRA gradients, fixed after it) touched none of these bests: "
-        + link(f"{PACKED}/README.md") + "."])
+        + link(f"{PACKED}/README.md") + ".",
+        packed_h100()])
+
+
+H100 = "2026-12-07d_h100_qwen35_liger_packed"  # seq 2048 again: Unsloth's packing on, its route recorded
+
+
+def packed_h100() -> str:
+    """seq 2048 on an H100: fast's and Unsloth's cells around their searches' bests, with Unsloth's packing route
+    as the run recorded it (model.unsloth_packing, model.unsloth_varlen_kernel)."""
+    f, u = bests(f"{H100}/packed_s2048_fast")["fast"], bests(f"{H100}/packed_s2048_unsloth")["unsloth"]
+    off = bests(f"{H100}/packed_s2048_unsloth_b8")["unsloth"].cell
+    m = u.cell.model
+    assert m["unsloth_packing"], "Unsloth's packing was off in its best cell"
+    return (f"Again at seq 2048 on one {gpu(f.cell)}, Unsloth's packing on and its route recorded: fast "
+            f"{f.layout} {tok(f.cell):,.0f} tok/s at {f.cell.metrics['mem/peak_reserved_gib']:.1f} GiB, Unsloth "
+            f"{u.layout} {tok(u.cell):,.0f} at {u.cell.metrics['mem/peak_reserved_gib']:.1f} GiB through "
+            f"{m['unsloth_varlen_kernel']} (no xformers for torch {u.cell.env['versions']['torch']} on "
+            f"PyPI, nor flash-attn: Unsloth's own route without them), fast over Unsloth {ratio(tok(f.cell) / tok(u.cell))}; Unsloth with nothing recomputed fits b1 "
+            f"only ({layout_name(off)}, {tok(off):,.0f}). Each ran a search of 3 cells around the layout its "
+            f"earlier search found best ({link(H100 + '/README.md')}; commit {commit(f.cell)}).")
+

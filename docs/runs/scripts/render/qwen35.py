@@ -3,6 +3,8 @@ against hf with transformers' PyTorch rule, and the GPU tests of the 2026 famili
 import re
 
 from .recipes import GRADIENT, gradient
+from lorabench.core.results import CellResult
+
 from .runs import RUNS, bests, cell, command, commit, gpu, layout_name, link, md_table, ratio, software, tok
 from .searched import searched_table
 
@@ -107,7 +109,44 @@ def qwen35_unsloth() -> str:
         f"parts ran slower" + (f" and ran out of memory at b{oom[0].config['batch']}" if oom else "") + ". "
         + _fla_layer_test(),
         f"Run dir: {link(UNSLOTH)} (commits {commit(unsloth.cell)}, {commit(plain)}, {commit(layer)}; "
-        f"{software(layer)}); how it ran: {link(UNSLOTH + '/README.md')}."])
+        f"{software(layer)}); how it ran: {link(UNSLOTH + '/README.md')}.",
+        _one_machine_section()])
+
+
+LIGER = "2026-12-07d_h100_qwen35_liger_packed"  # one machine: fast with Liger's patch, and Unsloth's cells beside
+
+
+def one_machine() -> tuple[CellResult, CellResult]:
+    """fast's and Unsloth's fastest Qwen3.5-9B cells of the calls made back to back on one machine."""
+    fast = [cell(f"{LIGER}/qwen3.5-9b_fast_liger{b}") for b in ("", "_b16", "_b24")]
+    unsloth = [cell(f"{LIGER}/qwen3.5-9b_unsloth_b{b}") for b in (8, 16)]
+    return max(fast, key=tok), max(unsloth, key=tok)
+
+
+def _one_machine_section() -> str:
+    profiled = cell(f"{LIGER}/qwen3.5-9b_fast_liger")
+    cells = [("Unsloth", cell(f"{LIGER}/qwen3.5-9b_unsloth_b{b}")) for b in (8, 16)] + \
+        [("fast + Liger, two steps profiled", profiled)] + \
+        [("fast + Liger", cell(f"{LIGER}/qwen3.5-9b_fast_liger_b{b}")) for b in (16, 24)]
+    fast, unsloth = one_machine()
+    head = ["one machine, five calls", "batch, layout", "tok/s", "peak GiB", "ms a step: " + " / ".join(SHARES)]
+    return "\n\n".join([
+        f"Then, on one {gpu(fast)} in calls made back to back (the same machine, the same software), fast with "
+        "Liger's own patch for Qwen3.5 as well (`apply_liger_kernel_to_qwen3_5`: its RMSNorm with the weight as "
+        "1 + w in float32, SwiGLU, the fused linear cross-entropy; Liger's RoPE off, a quarter of each head rotating), "
+        "beside Unsloth's cells at its search's layout. " + _liger_test(),
+        md_table(head, [_row(label, r) for label, r in cells]),
+        f"fast over Unsloth on one machine, each at its fastest of these cells: {ratio(tok(fast) / tok(unsloth))} "
+        f"(fast {layout_name(fast)}, Unsloth {layout_name(unsloth)}; target 1.15x). Liger's patch took fast from "
+        f"{tok(cell(f'{UNSLOTH}/qwen3.5-9b_fast_delta_net')):,.0f} to {tok(profiled):,.0f} tok/s at b16 (the first "
+        "run's machine and this one, the same GPU model). Run dir: "
+        f"{link(LIGER)} (commits {commit(profiled)}, {commit(fast)}); how it ran: {link(LIGER + '/README.md')}."])
+
+
+def _liger_test() -> str:
+    summary = pytest_summary(f"{LIGER}/q35_tests.txt")
+    return (f"fla's exactness test, which runs fast with Liger's kernels too, on this machine: {summary.split(',')[0]} "
+            f"({link(LIGER + '/q35_tests.txt')}).")
 
 
 def _trainable(*cells) -> str:
