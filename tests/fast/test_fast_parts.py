@@ -101,6 +101,26 @@ def test_fused_mlp_keeps_no_more_than_the_mlp():
         torch.testing.assert_close(got, want, rtol=0, atol=(64 + 192) * EPS64 * want.abs().max().item())
 
 
+def test_fused_mlp_keeps_ligers_swiglu_for_each_mlp_class_liger_binds(monkeypatch):
+    """fused_mlp computes act(gate) * up as the MLP did: through Liger's SwiGLU kernel wherever Liger's patch bound
+    one of its SwiGLU classes on the MLP (Qwen3.5's dense MLP takes Qwen3-MoE's class), else the model's act_fn and
+    a multiply. A stand-in for Liger's module: its kernels need CUDA."""
+    import sys
+    import types
+
+    kernel = lambda gate, up: gate * up  # noqa: E731  (Liger's dispatch, by identity)
+    monkeypatch.setitem(sys.modules, "liger_kernel.transformers.swiglu", types.SimpleNamespace(_swiglu_dispatch=kernel))
+    mlp = nn.Module()
+    mlp.act_fn = nn.SiLU()
+    for name in ("LigerSwiGLUMLP", "LigerPhi3SwiGLUMLP", "LigerQwen3MoeSwiGLUMLP"):
+        mlp._get_name = lambda name=name: name  # as Liger's patch rebinds it on the instance
+        assert fused._activation(mlp) is kernel, name
+    mlp._get_name = lambda: "Qwen3_5MLP"  # no Liger patch: silu(gate) * up in PyTorch
+    gate, up = torch.randn(3, 4), torch.randn(3, 4)
+    assert fused._activation(mlp) is not kernel
+    assert torch.equal(fused._activation(mlp)(gate, up), nn.functional.silu(gate) * up)
+
+
 def test_fused_mlp_is_refused_with_int8_and_unsloth_by_name():
     c = OmegaConf.to_object(compose_cfg(["backend.fused_mlp=true", "precision=int8"]))
     with pytest.raises(ValueError, match="backend.fused_mlp=true .* not precision=int8"):

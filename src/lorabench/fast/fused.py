@@ -410,12 +410,18 @@ class _SwiGLUDown(torch.autograd.Function):
         return gate, up, None
 
 
+# The MLP classes Liger's patches bind onto a model's MLPs (liger_kernel 0.8.5, monkey_patch._patch_swiglu_module
+# rebinds forward and _get_name), each down(silu(gate) * up): Mistral's and most families' class, Phi-3's (one
+# gate_up_proj) and Qwen3-MoE's, which Qwen3.5's and Qwen3-Next's dense MLPs take too.
+LIGER_SWIGLU = ("LigerSwiGLUMLP", "LigerPhi3SwiGLUMLP", "LigerQwen3MoeSwiGLUMLP")
+
+
 def _activation(mlp: nn.Module):
     """act(gate) * up as the MLP computes it: Liger's SwiGLU or GeGLU kernel where Liger's patch put it in
     the MLP's forward (it rebinds forward and _get_name on the instance), else the model's activation
     (act_fn; Phi-3's activation_fn) and a multiply (Phi-3 multiplies up * act(gate): the same product)."""
     name = mlp._get_name()
-    if name in ("LigerSwiGLUMLP", "LigerPhi3SwiGLUMLP"):
+    if name in LIGER_SWIGLU:
         from liger_kernel.transformers.swiglu import _swiglu_dispatch
 
         return _swiglu_dispatch
@@ -443,7 +449,7 @@ def patch_mlp(layers, seeded_dropout: bool, swiglu_in_gemm: bool = False, **kern
         mlp.lorabench_down = (split(mlp.down_proj),)
         down = mlp.lorabench_down[0]
         mlp.lorabench_swiglu_gemm = (swiglu_in_gemm and down.lora is None and down.base.bias is None
-                                     and mlp._get_name() == "LigerSwiGLUMLP")
+                                     and mlp._get_name() in LIGER_SWIGLU)
         mlp.forward = types.MethodType(_mlp_forward, mlp)
     return len(layers)
 
