@@ -52,8 +52,9 @@ REFUSED = {
     # their adapted projections one at a time), nor is their layer Mistral's
     **{t: ("packing puts several samples in a row; " + t + "'s linear-attention layers carry a state along the row",
            ["data.packing=false", "backend.varlen_attention=false", "backend.fused_lora=false",
-            "backend.fused_add_norm=false", "backend.fused_linear=false", *moe]) for t, moe in
-       (("qwen3_5_text", []), ("qwen3_5_moe_text", ["backend.fused_mlp=false", "backend.cuda_graphs=false"]))},
+            "backend.fused_linear=false", *moe]) for t, moe in
+       (("qwen3_5_text", []), ("qwen3_5_moe_text", ["backend.fused_add_norm=false", "backend.fused_mlp=false",
+                                                   "backend.cuda_graphs=false"]))},
     **{t: ("varlen_attention replaces the attention of mistral/llama/qwen2/qwen3/qwen3_moe/mixtral/gemma2/"
            f"gemma3_text/phi3/granite; {t} is not among them",
            ["backend.varlen_attention=false", "backend.fused_lora=false", *rest]) for t, rest in (
@@ -222,6 +223,7 @@ COPIED = {
     "transformers.models.phi3.modeling_phi3.Phi3DecoderLayer.forward": "d9c19cbe2c39a431",
     "transformers.models.ministral3.modeling_ministral3.Ministral3DecoderLayer.forward": "75d1d62e173e8c57",
     "transformers.models.smollm3.modeling_smollm3.SmolLM3DecoderLayer.forward": "75d1d62e173e8c57",
+    "transformers.models.qwen3_5.modeling_qwen3_5.Qwen3_5DecoderLayer.forward": "07a700417d4e0eae",
     "transformers.models.qwen3_5.modeling_qwen3_5.Qwen3_5GatedDeltaNet.forward": "bd25761e1031fff0",
     "transformers.models.qwen3_5.modeling_qwen3_5.Qwen3_5RMSNormGated.forward": "5a4bd64da7fd08bd",
     "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe.Qwen3_5MoeGatedDeltaNet.forward": "bd25761e1031fff0",
@@ -343,6 +345,11 @@ def test_fast_path_computes_the_architecture_s_model_on_cpu(same_masks, monkeypa
         adapted = [m for layer in layers for m in layer.modules() if hasattr(m, "lorabench_proj")]
         assert adapted and all(m.forward.__func__ is fused._linear_forward for m in adapted)
         assert len(calls) >= len(adapted)
+    if FAMILIES[model_type].hybrid_layer:  # Qwen3.5's layer, the mixer's residual add in the next norm, computed
+        from lorabench.fast.kernels import norm
+
+        assert all(layer.forward.__func__ is norm._hybrid_layer_forward for layer in layers)
+        assert {layer.block_type for layer in layers} == {"linear_attention", "full_attention"}
 
 
 def test_fast_path_computes_a_family_without_a_row_on_cpu(same_masks, tmp_path):  # noqa: F811

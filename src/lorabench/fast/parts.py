@@ -153,6 +153,8 @@ ATTENTION = tuple(t for t, f in FAMILIES.items() if f.fused_attention)
 # Decoder layers that are Mistral's (pre-norms, residual adds, nothing else): lorabench.fast.kernels.norm's
 # layer forward computes them.
 MISTRAL_LAYERS = tuple(t for t, f in FAMILIES.items() if f.mistral_layer)
+# Decoder layers that are Qwen3.5's (Mistral's, the token mixer linear or full attention by layer): computed alike.
+HYBRID_LAYERS = tuple(t for t, f in FAMILIES.items() if f.hybrid_layer)
 # Dense MLPs that are Llama's gated MLP (gate, up, activation, down): lorabench.fast.fused computes them.
 GATED_MLPS = tuple(t for t, f in FAMILIES.items() if f.gated_mlp)
 
@@ -193,7 +195,7 @@ def _forward_lacks(key: str, what: str) -> Refusal | None:
 
 def copied_forwards() -> dict[str, str]:
     """{qualified name: sha256 of its source} of every transformers forward the fast path computes a copy of:
-    each family's attention and gated MLP (lorabench.fast.fused), Mistral's decoder layer
+    each family's attention and gated MLP (lorabench.fast.fused), Mistral's and Qwen3.5's decoder layers
     (lorabench.fast.kernels.norm) and the Gated DeltaNet layer with its gated norm (lorabench.fast.delta_net), as the
     installed transformers has them."""
     import hashlib
@@ -201,7 +203,8 @@ def copied_forwards() -> dict[str, str]:
     names = [f"{f.module}.{f.prefix}Attention.forward" for f in FAMILIES.values() if f.fused_attention]
     names += [f"{f.module}.{f.prefix}MLP.forward" for f in FAMILIES.values()
               if f.gated_mlp and hasattr(importlib.import_module(f.module), f"{f.prefix}MLP")]
-    names += [f"{f.module}.{f.prefix}DecoderLayer.forward" for f in FAMILIES.values() if f.mistral_layer]
+    names += [f"{f.module}.{f.prefix}DecoderLayer.forward" for f in FAMILIES.values()
+              if f.mistral_layer or f.hybrid_layer]
     names += [f"{f.module}.{f.prefix}{cls}.forward" for f in FAMILIES.values() if f.linear_attention
               for cls in ("GatedDeltaNet", "RMSNormGated")]  # lorabench.fast.delta_net
     out = {}
@@ -251,9 +254,9 @@ def _add_norm_lacks(f: Features, c: Config) -> Refusal | None:
     if f.sandwich_norms:
         return Refusal(f"computes Mistral's decoder layer ({'/'.join(MISTRAL_LAYERS)}); {f.model_type} has "
                        "sandwich norms", {"fused_add_norm": False})
-    if f.model_type not in MISTRAL_LAYERS:
-        return Refusal(f"computes Mistral's decoder layer ({'/'.join(MISTRAL_LAYERS)}); {f.model_type} is not "
-                       "among them", {"fused_add_norm": False})
+    if f.model_type not in MISTRAL_LAYERS + HYBRID_LAYERS:
+        return Refusal(f"computes Mistral's decoder layer ({'/'.join(MISTRAL_LAYERS)}) and Qwen3.5's "
+                       f"({'/'.join(HYBRID_LAYERS)}); {f.model_type} is not among them", {"fused_add_norm": False})
     if f.resid_dropout:
         return Refusal(f"computes a decoder layer without residual dropout; {f.model_type} drops "
                        f"{f.resid_dropout:g} (resid_pdrop)", {"fused_add_norm": False})
@@ -481,7 +484,7 @@ def _apply_tiled_mlp(model, c: Config, device: torch.device, f: Features):
 def _apply_add_norm(model, c: Config, device: torch.device, f: Features):
     from lorabench.fast.kernels import norm as norm_kernels
 
-    n = norm_kernels.patch_add_norm(decoder_layers(model))
+    n = norm_kernels.patch_add_norm(decoder_layers(model), hybrid=f.model_type in HYBRID_LAYERS)
     log.info("the attention's residual add inside the post-attention RMSNorm in %d decoder layers", n)
     return model
 
@@ -604,7 +607,8 @@ PARTS = (
          "tile in the backward: one tile's gate, up and product held instead of the whole row's (one more forward "
          "of the MLP; lorabench.fast.tiled)", Stage.AFTER_LORA, apply=_apply_tiled_mlp),
     Part("fused_add_norm", "the attention's residual add inside the next RMSNorm (Liger's fused add + RMSNorm "
-         "on CUDA): 3 passes over the residual stream less per layer (lorabench.fast.kernels.norm)",
+         "on CUDA): 3 passes over the residual stream less per layer, in Mistral's decoder layer and Qwen3.5's (its "
+         "linear- or full-attention mixer; lorabench.fast.kernels.norm)",
          Stage.AFTER_LORA, Cuda.FALLBACK, lacks=_add_norm_lacks, apply=_apply_add_norm),
     Part("fla_on_hopper", "flash-linear-attention's gated delta rule (Qwen3.5's linear attention, where fla is "
          "installed) on a Hopper GPU under Triton 3.4.0-3.7.0, which fla 0.6.0 refuses for one miscompiled tile (fla "

@@ -41,6 +41,7 @@ class Family:
     fused_attention: bool = False  # lorabench.fast.fused computes its attention forward exactly (Llama's lineage)
     gated_mlp: bool = False  # its MLP is Llama's gated MLP (gate, up, act, down), which lorabench.fast.fused computes
     mistral_layer: bool = False  # its decoder layer is Mistral's: pre-norms and residual adds, nothing else
+    hybrid_layer: bool = False  # Qwen3.5's: Mistral's, its token mixer linear or full attention by layer (block_type)
     liger_mlp: str | None = None  # the keyword of Liger's gated-MLP kernel for it (swiglu, geglu); None: no patch
     liger_mlp_class: str = "MLP"  # the class Liger's patch replaces: MLP, or Experts (MoE)
     liger_extra: tuple[str, ...] = ()  # other module attributes its patch replaces (Mistral's CrossEntropyLoss)
@@ -116,7 +117,7 @@ FAMILIES: Mapping[str, Family] = MappingProxyType({f.model_type: f for f in (
            tiny=dict(pad_token_id=0, partial_rotary_factor=0.75)),
     # ---- the families of 2026: numbers measured on the built model (census), no fast attention of their own yet
     Family("qwen3_5_text", "Qwen3_5", qk_norm=True, norm_plus_one=True, linear_attention=True, gated_mlp=True,
-           liger_mlp="swiglu", liger_model="qwen3_5", no_tokenizer=QWEN35, tiny=dict(QWEN35_TINY)),
+           hybrid_layer=True, liger_mlp="swiglu", liger_model="qwen3_5", no_tokenizer=QWEN35, tiny=dict(QWEN35_TINY)),
     Family("qwen3_5_moe_text", "Qwen3_5Moe", qk_norm=True, norm_plus_one=True, linear_attention=True,
            no_tokenizer=QWEN35, tiny=dict(QWEN35_TINY, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                                           shared_expert_intermediate_size=32)),

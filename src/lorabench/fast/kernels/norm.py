@@ -179,8 +179,26 @@ def _layer_forward(self, hidden_states, attention_mask=None, position_ids=None, 
     return residual + self.mlp(normed)
 
 
-def patch_add_norm(layers) -> int:
-    """Each decoder layer's forward as `_layer_forward`; returns how many layers."""
+def _hybrid_layer_forward(self, hidden_states, position_embeddings, attention_mask=None, position_ids=None,
+                          past_key_values=None, **kwargs):
+    """transformers 5's Qwen3_5DecoderLayer.forward (linear or full attention as the layer's block_type says, then
+    Mistral's residual adds and pre-norms) with the token mixer's residual add inside the post-attention RMSNorm."""
+    residual = hidden_states
+    hidden_states = self.input_layernorm(hidden_states)
+    if self.block_type == "linear_attention":
+        hidden_states = self.linear_attn(hidden_states=hidden_states, cache_params=past_key_values,
+                                         attention_mask=attention_mask, **kwargs)
+    elif self.block_type == "full_attention":
+        hidden_states, _ = self.self_attn(hidden_states=hidden_states, attention_mask=attention_mask,
+                                          position_ids=position_ids, past_key_values=past_key_values,
+                                          position_embeddings=position_embeddings, **kwargs)
+    normed, residual = add_rms_norm(hidden_states, residual, self.post_attention_layernorm)
+    return residual + self.mlp(normed)
+
+
+def patch_add_norm(layers, hybrid: bool = False) -> int:
+    """Each decoder layer's forward as `_layer_forward` (Mistral's layer), or `_hybrid_layer_forward` (Qwen3.5's);
+    returns how many layers."""
     for layer in layers:
-        layer.forward = types.MethodType(_layer_forward, layer)
+        layer.forward = types.MethodType(_hybrid_layer_forward if hybrid else _layer_forward, layer)
     return len(layers)
