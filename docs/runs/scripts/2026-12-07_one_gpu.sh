@@ -28,6 +28,9 @@
 #  16  Unsloth's Qwen3.5 at b8 (its best layout), then fast at b16 (step 14's), on one machine
 #  17  Unsloth's Qwen3.5 at b16, then fast at b24
 #  18  step 11's Unsloth at b8 (its search went from b12 up)
+#  19  Qwen3.5 after fast's MLP kept Liger's SwiGLU and its layers took the fused add + RMSNorm: fla's test, then
+#      fast at b16 and b24, profiled
+#  20  Unsloth's Qwen3.5 at b16 (its fastest of step 16's and 17's cells), for a ratio on step 19's machine
 #  11  2,000 ShareGPT conversations packed into rows of 2,048 tokens within 22 GiB (Mistral-7B): fast, and Unsloth
 #      through its own padding-free path (carry .gpudata: the conversations)
 set -u
@@ -127,6 +130,12 @@ pair() {  # pair <Unsloth's batch> <fast's batch>: one cell of each on the same 
 }
 step16() { pair 8 16; }
 step17() { pair 16 24; }
+step19() {  # Qwen3.5 with Liger's SwiGLU kept in fast's MLP and the mixer's residual add in the next norm: fla's
+  # test (fast as it runs Qwen3.5), then b16 and b24, every layer recomputed, two steps each profiled
+  with_fla; [ -f $R/q35_fused_tests.txt ] || gpu_test q35_fused_tests.txt 240 fla_computes
+  grep -q "1 passed" $R/q35_fused_tests.txt && sweep 0 qwen3.5-9b_fast_fused $one batch=16,24 train.profile_steps=2
+}
+step20() { no_fla; sweep 0 qwen3.5-9b_unsloth_b16 $q35 batch=16 backend.unsloth_offload=false backend=unsloth; with_fla; }
 step12() {
   with_fla
   sweep 0 qwen3.5-9b_fast_profiled $one batch=16 train.profile_steps=2 || return
