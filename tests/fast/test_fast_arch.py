@@ -49,7 +49,7 @@ REFUSED = {
     "mixtral": ("fused_mlp computes dense gated MLPs; mixtral routes tokens to experts (MoE)",
                 ["backend.fused_mlp=false", "backend.cuda_graphs=false"]),
     # the families of 2026: their attention is none of the fused path's (fused_lora off: fused_linear takes
-    # their adapted projections one at a time), nor is their layer Mistral's
+    # their adapted projections one at a time); of their layers, Qwen3.5's is computed (fused_add_norm), no other
     **{t: ("packing puts several samples in a row; " + t + "'s linear-attention layers carry a state along the row",
            ["data.packing=false", "backend.varlen_attention=false", "backend.fused_lora=false",
             "backend.fused_linear=false", *moe]) for t, moe in

@@ -1,5 +1,5 @@
 """Mistral-7B on packed ShareGPT rows within 22 GiB: each backend's best of one search per seq_len."""
-from .runs import bests, cell, command, commit, gpu, layout_name, link, md_table, ratio, software, tok
+from .runs import bests, command, commit, gpu, layout_name, link, md_table, ratio, software, tok
 
 PACKED = "2026-11-27_packed"  # one +experiment=tune sweep per seq_len on packed rows, one per GPU of a 4 x H200
 SEQS = (512, 1024, 2048)
@@ -63,7 +63,6 @@ def packed_h100() -> str:
             f"{f.layout} {tok(f.cell):,.0f} tok/s at {f.cell.metrics['mem/peak_reserved_gib']:.1f} GiB, Unsloth "
             f"{u.layout} {tok(u.cell):,.0f} at {u.cell.metrics['mem/peak_reserved_gib']:.1f} GiB through "
             f"{m['unsloth_varlen_kernel']} (no xformers for torch {u.cell.env['versions']['torch']} on "
-            f"PyPI, nor flash-attn: Unsloth's own route without them), fast over Unsloth {ratio(tok(f.cell) / tok(u.cell))}; Unsloth with nothing recomputed fits b1 "
-            f"only ({layout_name(off)}, {tok(off):,.0f}). Each ran a search of 3 cells around the layout its "
+            f"PyPI, nor flash-attn: Unsloth's own route without them), fast over Unsloth "
+            f"{ratio(tok(f.cell) / tok(u.cell))}; Unsloth with nothing recomputed fits b1 only ({layout_name(off)}, {tok(off):,.0f}). Each ran a search of 3 cells around the layout its "
             f"earlier search found best ({link(H100 + '/README.md')}; commit {commit(f.cell)}).")
-

@@ -2,9 +2,9 @@
 against hf with transformers' PyTorch rule, and the GPU tests of the 2026 families in the same run."""
 import re
 
-from .recipes import GRADIENT, gradient
 from lorabench.core.results import CellResult
 
+from .recipes import GRADIENT, gradient
 from .runs import RUNS, bests, cell, command, commit, gpu, layout_name, link, md_table, ratio, software, tok
 from .searched import searched_table
 
