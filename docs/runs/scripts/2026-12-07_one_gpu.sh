@@ -29,8 +29,9 @@
 #  17  Unsloth's Qwen3.5 at b16, then fast at b24
 #  18  step 11's Unsloth at b8 (its search went from b12 up)
 #  19  Qwen3.5 after fast's MLP kept Liger's SwiGLU and its layers took the fused add + RMSNorm: fla's test, then
-#      fast at b16 and b24, profiled
-#  20  Unsloth's Qwen3.5 at b16 (its fastest of step 16's and 17's cells), for a ratio on step 19's machine
+#      fast at b24 every layer recomputed (profiled), and at b8 with 12 of its 32 layers kept
+#  20  Unsloth's Qwen3.5 at b16 (its fastest of step 16's and 17's cells) on step 19's machine, then fast at b12 with
+#      8 layers kept and at b16 with 4
 #  11  2,000 ShareGPT conversations packed into rows of 2,048 tokens within 22 GiB (Mistral-7B): fast, and Unsloth
 #      through its own padding-free path (carry .gpudata: the conversations)
 set -u
@@ -130,12 +131,21 @@ pair() {  # pair <Unsloth's batch> <fast's batch>: one cell of each on the same 
 }
 step16() { pair 8 16; }
 step17() { pair 16 24; }
+# Qwen3.5-9B fast in one layout: kept <batch> <fraction of layers recomputed> [more train.py arguments]
+q35b="-m +experiment=seed_optimum train.max_steps=12 train.untimed_steps=4 gpu=a10 seq_len=1024 model=qwen3.5-9b \
+  data=synthetic train.gradient_checkpointing=true backend=fast"
+kept() { with_fla; sweep 0 qwen3.5-9b_fast_b$1_ckpt$2 $q35b batch=$1 train.checkpoint_fraction=$2 "${@:3}"; }
 step19() {  # Qwen3.5 with Liger's SwiGLU kept in fast's MLP and the mixer's residual add in the next norm: fla's
-  # test (fast as it runs Qwen3.5), then b16 and b24, every layer recomputed, two steps each profiled
+  # test (fast as it runs Qwen3.5), then b24 every layer recomputed (profiled) and b8 with 12 of 32 layers kept
+  # (20.2 GiB estimated: 12 layers whose forward is not computed twice)
   with_fla; [ -f $R/q35_fused_tests.txt ] || gpu_test q35_fused_tests.txt 240 fla_computes
-  grep -q "1 passed" $R/q35_fused_tests.txt && sweep 0 qwen3.5-9b_fast_fused $one batch=16,24 train.profile_steps=2
+  grep -q "1 passed" $R/q35_fused_tests.txt || return 1
+  kept 24 1 train.profile_steps=2 && kept 8 0.625
 }
-step20() { no_fla; sweep 0 qwen3.5-9b_unsloth_b16 $q35 batch=16 backend.unsloth_offload=false backend=unsloth; with_fla; }
+step20() {  # Unsloth's Qwen3.5 at b16 (its fastest of steps 16-17) on step 19's machine, then fast's other layouts
+  no_fla; sweep 0 qwen3.5-9b_unsloth_b16 $q35 batch=16 backend.unsloth_offload=false backend=unsloth
+  kept 12 0.75 && kept 16 0.875
+}
 step12() {
   with_fla
   sweep 0 qwen3.5-9b_fast_profiled $one batch=16 train.profile_steps=2 || return
