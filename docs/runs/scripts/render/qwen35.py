@@ -124,8 +124,8 @@ def _one_machine_cells() -> list[tuple[str, CellResult]]:
 
 
 def one_machine(cells: list[tuple[str, CellResult]] | None = None) -> tuple[CellResult, CellResult]:
-    """fast's and Unsloth's fastest of those cells."""
-    cells = cells or _one_machine_cells()
+    """fast's and Unsloth's fastest of one machine's cells (the latest run's unless given)."""
+    cells = cells or [(label, r) for label, r in _fused_cells() if r.ok]
     fastest = lambda who: max((r for label, r in cells if label.startswith(who)), key=tok)  # noqa: E731
     return fastest("fast"), fastest("Unsloth")
 
@@ -145,7 +145,8 @@ def _one_machine_section() -> str:
         f"(fast {layout_name(fast)}, Unsloth {layout_name(unsloth)}; target 1.15x). Liger's patch took fast from "
         f"{tok(cell(f'{UNSLOTH}/qwen3.5-9b_fast_delta_net')):,.0f} to {tok(profiled):,.0f} tok/s at b16 (the first "
         "run's machine and this one, the same GPU model). Run dir: "
-        f"{link(LIGER)} (commits {commit(profiled)}, {commit(fast)}); how it ran: {link(LIGER + '/README.md')}."])
+        f"{link(LIGER)} (commits {commit(profiled)}, {commit(fast)}); how it ran: {link(LIGER + '/README.md')}.",
+        _fused_section()])
 
 
 def _liger_test() -> str:
@@ -164,3 +165,40 @@ def _fla_layer_test() -> str:
     summary = pytest_summary(f"{UNSLOTH}/fla_test.txt")
     return (f"fla's exactness test with fla_delta_net in the fast run (`test_fla_computes_qwen3_5_s_model_on_gpu`) on "
             f"the same call's GPU: {summary.split(',')[0]} ({link(UNSLOTH + '/fla_test.txt')}).")
+
+
+FUSED = "2026-12-07e_h100_qwen35_fused_r32"  # one machine: fast's MLP and norms fused, in four layouts; Unsloth b16
+
+
+def _fused_cells() -> list[tuple[str, CellResult]]:
+    """The latest machine's Qwen3.5-9B cells, Unsloth's first, fast's by how many layers it recomputes."""
+    fast = sorted((cell(p.relative_to(RUNS).as_posix()) for p in (RUNS / FUSED).glob("qwen3.5-9b_fast_*")),
+                  key=lambda r: (-r.config["train"]["checkpoint_fraction"], r.config["batch"]))
+    return [("Unsloth", cell(f"{FUSED}/qwen3.5-9b_unsloth_b16"))] + [("fast", r) for r in fast]
+
+
+def _fused_row(label: str, r: CellResult) -> list[str]:
+    if r.ok:
+        return _row(label, r)
+    m = r.metrics
+    return [label, layout_name(r), r.status.value, f"{m['mem/peak_reserved_gib']:.1f}", "-"]
+
+
+def _fused_section() -> str:
+    cells = _fused_cells()
+    fast, unsloth = one_machine()
+    x = tok(fast) / tok(unsloth)
+    kept = round(32 * (1 - fast.config["train"]["checkpoint_fraction"]))
+    summary = pytest_summary(f"{FUSED}/q35_fused_tests.txt").split(",")[0]
+    head = ["one machine, three calls", "batch, layout", "tok/s", "peak GiB", "ms a step: " + " / ".join(SHARES)]
+    return "\n\n".join([
+        f"Then, on another {gpu(fast)} (three calls back to back), fast with Liger's SwiGLU kept in its MLP "
+        "(Qwen3.5's MLP class had run SiLU and the product in PyTorch) and each decoder layer's residual add taken "
+        "into the next RMSNorm (`fused_add_norm`), in four layouts: every layer recomputed, and the last 4, 8 and 12 "
+        "of the 32 layers kept (`train.checkpoint_fraction`), beside Unsloth b16, its fastest layout on the first "
+        f"machine. fla's exactness test, which runs fast as it runs Qwen3.5, on this machine: {summary} "
+        f"({link(FUSED + '/q35_fused_tests.txt')}).",
+        md_table(head, [_fused_row(label, r) for label, r in cells]),
+        f"fast over Unsloth on this machine, each at its fastest: {x:.3f}x (fast {layout_name(fast)}, {kept} layers "
+        f"kept; Unsloth {layout_name(unsloth)}; target 1.15x: {'met' if x >= 1.15 else 'not met'}). Run dir: "
+        f"{link(FUSED)} (commit {commit(fast)}); how it ran: {link(FUSED + '/README.md')}."])

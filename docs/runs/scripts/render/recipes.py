@@ -74,4 +74,27 @@ def recipes() -> str:
         + family_tests() + f" ({link(FAMILY_TEST + '/gpu_tests.txt')}; the movement: how far the float64 answer moves "
         "when every weight moves by one bf16 rounding).",
         f"Run dir: {link(RECIPES)} (commit {commit(one)}; {software(one)}); how it ran: "
-        + link(f"{RECIPES}/README.md") + "."])
+        + link(f"{RECIPES}/README.md") + ".",
+        wide_r32()])
+
+
+WIDE = "2026-12-07e_h100_qwen35_fused_r32"  # r32 on every linear layer at seq 4096: fast's and Unsloth's searches
+
+
+def wide_r32() -> str:
+    """LoRA r32 on every linear layer of Mistral-7B at rows of 4,096 tokens: each backend's search of 3 cells."""
+    b = {k: bests(f"{WIDE}/mistral-7b_all_linear_r32_4k_{k}")[k] for k in ("fast", "unsloth")}
+    f, u = b["fast"].cell, b["unsloth"].cell
+    rows = [[k, x.layout, f"{tok(x.cell):,.0f}", f"{x.cell.metrics['mem/peak_reserved_gib']:.1f}",
+             f"{x.cell.metrics['perf/mfu_pct']:.1f}", str(x.measured)] for k, x in b.items()]
+    x = tok(f) / tok(u)
+    return "\n\n".join([
+        f"LoRA r32 (alpha 64) on every linear layer of Mistral-7B at rows of 4,096 tokens, within 22 GiB of one "
+        f"{gpu(f)}, each backend's search of 3 cells (batches 1, 2, 4), fast's first, then Unsloth's on the same "
+        "machine; hf's search did not start before the list's time limit. Unsloth's search measured its 3 cells and "
+        "is marked cut short only because its last cell ended past the sweep's deadline.",
+        md_table(["backend", "best", "tok/s", "GiB", "MFU %", "cells measured"], rows),
+        f"fast over Unsloth: {x:.3f}x (target 1.2x: {'met' if x >= 1.2 else 'not met'}; 3 cells a backend, not "
+        "either's ceiling).",
+        "```bash\n" + "\n".join(command(f"{WIDE}/mistral-7b_all_linear_r32_4k_{k}") for k in b) + "\n```",
+        f"Run dir: {link(WIDE)} (commit {commit(f)}; {software(f)}); how it ran: {link(WIDE + '/README.md')}."])
