@@ -198,6 +198,10 @@ def test_the_deadline_keeps_a_next_cell_from_starting_and_lets_a_sweep_s_last_ce
     assert EndSweep.out_of_time(cfg, last) is None
     searched = RunContext(tmp_path / "1", "batch=8", 1, tmp_path, search=True)
     assert EndSweep.out_of_time(cfg, searched).startswith("sweep.deadline_s=0.001: ")
+    # the cell that spends the search's cap, of the command's last outer cell (the sweeper names it): none follows
+    (tmp_path / CELLS_FILE).write_text(json.dumps({"cells": [["batch=4"], ["batch=8"]], "last_job": 1}))
+    assert EndSweep.out_of_time(cfg, searched) is None
+    assert EndSweep.out_of_time(cfg, RunContext(tmp_path / "0", "batch=4", 0, tmp_path, search=True))
 
 
 def test_a_cell_that_cannot_fit_in_host_memory_is_refused_before_anything_is_built(tmp_path):

@@ -238,6 +238,22 @@ def test_search_end_to_end_on_cpu(tmp_path):
     assert f"cells: {len(measured)} = {len(measured)} ok\n" in proc.stderr
 
 
+@pytest.mark.slow  # one cell of the tiny model in a process of its own (make test-slow)
+def test_a_search_that_spends_its_cap_past_its_deadline_ends_whole(tmp_path):
+    """A search of one cell (search.max_cells=1) whose cell ends past sweep.deadline_s: no cell was kept from
+    starting, so the search is not cut short and the sweep exits 0, its report the search's answer."""
+    d = tmp_path / "sweep"
+    proc = run_cli("train.py", ["+experiment=tune", "backend=hf", "model=tiny", "precision=fp32",
+                                "optimizer=adamw_torch", "data=tiny_instruct", "gpu=cpu", "search.batches=[1,2]",
+                                "search.checkpoint_fractions=[1]", "search.offload_fractions=[0]", "seq_len=64",
+                                "train.max_steps=2", "train.untimed_steps=1", "data.max_samples=8",
+                                "search.max_cells=1", "sweep.deadline_s=0.001", f"hydra.sweep.dir={d}"], check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (rec,) = load_searches(d)
+    assert [t.job for t in rec.trials if t.job is not None] == [0] and not rec.cut_short
+    assert "cut short" not in (d / "results.md").read_text() and "the sweep stops here" not in proc.stderr
+
+
 def test_a_search_dir_refuses_another_commands_search_and_not_a_report_option(tmp_path):
     """The preflight of a search (lorabench.sweep.callbacks.other_searches): a dir holding the search of another outer
     cell is named; one that differs only in what a result does not depend on (report.*) resumes."""

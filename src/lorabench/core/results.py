@@ -103,6 +103,15 @@ def read_cells(sweep_dir: Path) -> list[list[str]]:
         return []
 
 
+def search_last_job(sweep_dir: Path) -> int | None:
+    """The job number of a search's last cell, once the search launches the cell that spends its cap on the
+    command's last outer cell (cells.json's "last_job"); None before, and in a sweep of a list."""
+    try:
+        return json.loads((Path(sweep_dir) / CELLS_FILE).read_text()).get("last_job")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def cell_name(overrides: list[str], cells: list[list[str]], fallback: str = "") -> str:
     """A cell's short name: its overrides of the keys whose value differs between the sweep's
     cells, e.g. "backend=fast,batch=16" (a key set alike in every cell says nothing about this one)."""

@@ -48,6 +48,7 @@ from lorabench.core.results import (
     atomic_write_json,
     load_results,
     read_cells,
+    search_last_job,
 )
 from lorabench.run import rundir
 from lorabench.run.checks import bench_problems, value_problems
@@ -379,6 +380,8 @@ class EndSweep:
             return None
         if not ctx.search and ctx.job_num + 1 >= len(read_cells(ctx.sweep_dir)):
             return None  # the sweep's last cell: no next one to keep from starting (a search's list grows as it goes)
+        if ctx.search and ctx.job_num == search_last_job(ctx.sweep_dir):
+            return None  # the cell that spent the search's cap, of its last outer cell: none follows either
         import psutil
 
         age = time.time() - psutil.Process().create_time()  # (a forked process: since the fork)

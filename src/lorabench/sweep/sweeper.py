@@ -124,12 +124,12 @@ class BudgetSearch(Sweeper):
         counter = iter(range(1, 10**6))
 
         def launched(overrides: list[str], what_cell: str) -> Measured:
-            m = self.launch(overrides, sweep_dir)
+            n = next(counter)  # the cell that spends the cap of the command's last outer cell: the sweep's last
+            m = self.launch(overrides, sweep_dir, last=n >= c.search.max_cells and cell == outer[-1])
             what = f"{m.tok_s:,.0f} tok/s" if m.status == "ok" else m.status
             what += f" ({m.error[:120]})" if m.error and m.status != "ok" else ""
             peak = f", peak {m.peak_gib:.1f} GiB" if m.peak_gib is not None else ""
-            print(f"[{name} {next(counter)}/{c.search.max_cells}] {what_cell}: {what}{peak}", file=sys.stderr,
-                  flush=True)
+            print(f"[{name} {n}/{c.search.max_cells}] {what_cell}: {what}{peak}", file=sys.stderr, flush=True)
             return m
 
         if c.search.target is SearchTarget.max_context:
@@ -172,15 +172,17 @@ class BudgetSearch(Sweeper):
         return SearchRecord(name, cell, c.backend.name.value, out.budget_gib, ceil.longest_ok or 0,
                             c.search.max_cells, out.trials, best, why, {}, [], out.cut_short, "max_context", ceil)
 
-    def launch(self, overrides: list[str], sweep_dir: Path) -> Measured:
-        """One cell through the launcher; its result read back from its metrics.json."""
+    def launch(self, overrides: list[str], sweep_dir: Path, last: bool = False) -> Measured:
+        """One cell through the launcher; its result read back from its metrics.json. `last`: no cell follows it
+        (sweep.deadline_s then has none to keep from starting, lorabench.sweep.callbacks.EndSweep)."""
         from omegaconf import OmegaConf
 
         self.validate_batch_is_legal([overrides])
+        job, self.job = self.job, self.job + 1
         # cells.json names the cells: each one by the overrides that differ between them (results.cell_name)
         known = read_cells(sweep_dir)  # (a re-run of the same command proposes the same cells: resumed, not repeated)
-        atomic_write_json(sweep_dir / CELLS_FILE, {"cells": known + ([overrides] if overrides not in known else [])})
-        job, self.job = self.job, self.job + 1
+        atomic_write_json(sweep_dir / CELLS_FILE, {"cells": known + ([overrides] if overrides not in known else [])}
+                          | ({"last_job": job} if last else {}))
         if (earlier := earlier_oom(sweep_dir / str(job), overrides)) is not None:
             return earlier
         last = ""
