@@ -75,7 +75,9 @@ def test_all_linear_lora_counts_the_adapters_of_all_seven_projections():
     assert model("lora=r16").lora_gib == pytest.approx(32 * 16 * (2 * 8192 + 2 * 5120) * 16 / GIB)
     extra = model("backend=hf", "lora=all_linear").tokens.kept - model("backend=hf", "lora=r16").tokens.kept
     assert extra == (6 * 4096 + 14336 - 4 * 4096) * 3
-    assert model("backend=hf", "lora=all_linear", "lora.dropout=0").tokens.kept == model("backend=fast").tokens.kept
+    # without those copies (fast, or no dropout) the MLP's adapters keep their inputs: gate/up's, down's 14,336
+    assert model("backend=hf", "lora=all_linear", "lora.dropout=0").tokens.kept == \
+        model("backend=fast", "lora=all_linear").tokens.kept == model("backend=fast").tokens.kept + (4096 + 14336) * 2
 
 
 def test_unsloth_s_offloaded_checkpointing_is_its_plan():
@@ -150,14 +152,8 @@ def test_experts_in_nf4_hold_nf4_weights_and_each_forward_s_dequantised_layer():
     assert mm.breakdown(Plan(1.0, 0.0, True), 1024, 8).device < 22 < mm.breakdown(Plan(), 1024, 1).device
 
 
-@pytest.mark.parametrize("sweep", ["2026-12-06_h100_recipes/qwen3.5-9b_fast",
-                                   "2026-12-06_h100_checkpoints/qwen3.5-9b_hf"])
-def test_qwen3_5_s_linear_attention_puts_each_measured_cell_on_its_side_of_the_budget(sweep):
-    """Qwen3.5-9B's 24 Gated DeltaNet layers through transformers' PyTorch rule keep its float32 chunks, about 3x what
-    their projections keep (measured: lorabench.models.census.delta_rule_bytes). Each cell the searches of these run
-    dirs measured within 22 GiB on an H100: the model puts every one that ran out of memory over the budget, every
-    one that ran under it and within 10% of its measured peak (without the rule it put fast's out-of-memory cells
-    under the budget, and the searches began there, spending most of their cells on them)."""
+def estimates(sweep: str):
+    """(metrics.json, its result, the cell's config, the model's peak GiB) for each cell of a committed sweep."""
     import yaml
     from conftest import REPO
 
@@ -169,7 +165,35 @@ def test_qwen3_5_s_linear_attention_puts_each_measured_cell_on_its_side_of_the_b
         # tune's settings without its sweeper: seed_optimum's
         c = OmegaConf.to_object(compose_cfg([o.replace("=tune", "=seed_optimum") for o in overrides
                                              if not o.startswith("search.")]))
-        peak = MemoryModel.of(c).breakdown(plan_of(c), c.seq_len, c.batch).device
+        yield m, result, c, MemoryModel.of(c).breakdown(plan_of(c), c.seq_len, c.batch).device
+
+
+@pytest.mark.parametrize("sweep", ["2026-12-06_h100_recipes/mistral-7b_all_linear_fast",
+                                   "2026-12-07e_h100_qwen35_fused_r32/mistral-7b_all_linear_r32_4k_fast"])
+def test_adapters_on_the_mlp_keep_their_inputs_as_fast_s_measured_peaks_say(sweep):
+    """LoRA on every linear layer, fast (no PEFT dropout copies): the MLP's adapters keep their inputs, hidden +
+    14,336 values a token a kept layer (without them the model put these cells 20% under their peaks, at batch 2
+    nothing recomputed at seq 1024 and batch 1 at 4,096, and the searches started on cells that ran out of memory).
+    Each cell fast's searches measured within 22 GiB on an H100, within 10% of its peak, an out-of-memory cell's peak
+    being at least the budget. Offloaded layouts are left out: the model counts their layers' activations as gone
+    from the GPU, and their reserved peaks reached the budget (the copies to host memory in flight are not counted)."""
+    for m, result, c, peak in estimates(sweep):
+        if c.train.offload_fraction > 0:
+            continue
+        measured = max(result["metrics"]["mem/peak_reserved_gib"],
+                       c.gpu.memory_gib if result["status"] == "oom" else 0)
+        assert abs(peak / measured - 1) < 0.10, (m, peak, measured)
+
+
+@pytest.mark.parametrize("sweep", ["2026-12-06_h100_recipes/qwen3.5-9b_fast",
+                                   "2026-12-06_h100_checkpoints/qwen3.5-9b_hf"])
+def test_qwen3_5_s_linear_attention_puts_each_measured_cell_on_its_side_of_the_budget(sweep):
+    """Qwen3.5-9B's 24 Gated DeltaNet layers through transformers' PyTorch rule keep its float32 chunks, about 3x what
+    their projections keep (measured: lorabench.models.census.delta_rule_bytes). Each cell the searches of these run
+    dirs measured within 22 GiB on an H100: the model puts every one that ran out of memory over the budget, every
+    one that ran under it and within 10% of its measured peak (without the rule it put fast's out-of-memory cells
+    under the budget, and the searches began there, spending most of their cells on them)."""
+    for m, result, c, peak in estimates(sweep):
         if result["status"] == "oom":
             assert peak > c.gpu.memory_gib, (m, peak)
         else:

@@ -9,7 +9,9 @@ Per token of a row and per decoder layer (w: the compute dtype's bytes, 2 in bf1
   kept        a layer that keeps what its backward needs: its input, q/k/v and the attention's output, the
               MLP's two [tokens x intermediate] tensors (Architecture.activation_width x w); under PEFT's LoRA
               layers (hf) with dropout, each adapted projection's dropped-out input and its mask (in_features
-              x (w + 1)): on every linear layer (lora=all_linear) that is 6 x hidden + intermediate values more
+              x (w + 1)): on every linear layer (lora=all_linear) that is 6 x hidden + intermediate values more;
+              without those copies (fast, Unsloth, no dropout), adapters on the MLP keep their inputs: the normed
+              residual for gate/up and down's [tokens x intermediate] input, hidden + intermediate values more;
               a linear-attention layer (Qwen3.5's, through transformers' PyTorch rule) also the rule's float32
               chunks, measured (lorabench.models.census.delta_rule_bytes); `kept` is then the mean over the layers
   recomputed  a recomputed layer keeps its input: hidden x 4 bytes in QLoRA's fp32 residual stream (hf), x w
@@ -91,6 +93,7 @@ class TokenBytes:
     rule_share: float = 0.0  # at this share of the layers: `kept` is the mean over the layers)
     scores: float = 0.0  # eager attention: bytes a layer keeps per [query x key] pair of a row, all heads
     attention: float = 0.0  # the attention's backward: its float32 dq accumulator and GQA's expanded dk/dv
+    adapters: float = 0.0  # of `kept`: the MLP adapters' inputs (mlp_adapter_inputs), not in the layer in its backward
 
 
 @dataclass(frozen=True)
@@ -162,7 +165,9 @@ class MemoryModel:
         # the layer in its backward: its activations and their gradients, and a linear-attention layer's rule once
         # (the gradients of its float32 chunks are formed op by op, not held together: the H100's measured peaks of
         # Qwen3.5-9B fit once, not twice; tests/sweep/test_memory.py)
-        layer = per_layer - tb.rule_share * tb.rule
+        # The MLP adapters' inputs are left out of it too: fast's measured peaks with every layer recomputed on every
+        # linear layer fit without them (within 1%, where with them 5-8% over; tests/sweep/test_memory.py).
+        layer = per_layer - tb.rule_share * tb.rule - tb.adapters
         tile = tb.mlp * min(plan.tile, tokens) if plan.tile else 0.0
         inputs = n * plan.recomputed * tb.recomputed * tokens
         logits = tb.logits * tokens
@@ -206,8 +211,10 @@ def token_bytes_of(c, a) -> TokenBytes:
     w = compute_width(c)
     unsloth, hf_like = b.name is Backend.unsloth, b.name in (Backend.hf, Backend.liger)
     ff = a.experts_per_token * a.expert_intermediate if a.is_moe else a.intermediate
+    # PEFT's dropout copies are the adapters' inputs (hf); without them the MLP's adapted projections keep theirs
     dropout = dropout_bytes(c, a, w) if hf_like and c.lora.dropout > 0 else 0.0
-    kept = a.activation_width() * w + dropout
+    adapters = 0.0 if dropout else mlp_adapter_inputs(c, a) * w
+    kept = a.activation_width() * w + dropout + adapters
     # Qwen3.5's linear-attention layers through transformers' PyTorch rule keep its float32 chunks too (Unsloth
     # brings flash-linear-attention's kernels, and transformers takes them where the package is installed)
     pytorch_rule = a.linear_heads and not unsloth and not delta_rule.fla_computes()
@@ -228,7 +235,8 @@ def token_bytes_of(c, a) -> TokenBytes:
     share = a.linear_layers() / a.layers
     # flash attention's backward workspace (eager attention's is its scores, counted above)
     attention = 0.0 if eager else a.q_dim * (4 + (2 * w if a.kv_heads < a.heads else 0))
-    return TokenBytes(kept + share * rule, 2 * ff * w, recomputed, logits, cap, mask, rule, share, scores, attention)
+    return TokenBytes(kept + share * rule, 2 * ff * w, recomputed, logits, cap, mask, rule, share, scores, attention,
+                      adapters)
 
 
 def eager_attention(c, a) -> bool:
@@ -244,13 +252,27 @@ def eager_attention(c, a) -> bool:
     return capped or a.attn_sinks or c.model.attn_implementation == "eager"
 
 
+def lora_targets_of(c, a) -> tuple:
+    """The projections' names LoRA adapts (lora=all_linear: every one the architecture has)."""
+    targets = a.resolve_lora_targets(list(c.lora.target_modules))
+    return a.lora_targets if targets == ("all-linear",) else targets
+
+
 def dropout_bytes(c, a, w: int) -> float:
     """PEFT's LoRA dropout keeps, per adapted projection, its input dropped out (cast to the compute dtype) and
     the mask: in_features x (w + 1) bytes a token."""
-    targets = a.resolve_lora_targets(list(c.lora.target_modules))
-    targets = a.lora_targets if targets == ("all-linear",) else targets
     shapes = a.projections()
-    return sum(shapes[t][0] for t in targets if t in shapes) * (w + 1)
+    return sum(shapes[t][0] for t in lora_targets_of(c, a) if t in shapes) * (w + 1)
+
+
+def mlp_adapter_inputs(c, a) -> int:
+    """Values a token that the MLP's adapters keep for their own backward beyond what its frozen projections keep:
+    gate and up read one input, the normed residual (hidden), down the [tokens x intermediate] product of the two;
+    a frozen projection's backward needs its weight only, an adapter's A gradient its input. (Where the attention's
+    q/k/v/o are adapted, their inputs are among the layer's kept tensors already: activation_width.)"""
+    targets, shapes = set(lora_targets_of(c, a)), a.projections()
+    gate_up = next((shapes[t][0] for t in ("gate_proj", "up_proj", "gate_up_proj") if t in targets and t in shapes), 0)
+    return gate_up + (shapes["down_proj"][0] if "down_proj" in targets and "down_proj" in shapes else 0)
 
 
 def weights_gib_of(c, a) -> float:
@@ -274,9 +296,7 @@ def weights_gib_of(c, a) -> float:
 def lora_gib_of(c, a) -> float:
     """LoRA's weights, gradients and AdamW states, 4 + 4 + 8 bytes a parameter, on every projection it adapts
     (lora=all_linear: all seven of a Llama layer's)."""
-    targets = a.resolve_lora_targets(list(c.lora.target_modules))
-    targets = a.lora_targets if targets == ("all-linear",) else targets
-    return a.lora_params(targets, c.lora.r, c.lora.experts) * (4 + 4 + 8) / GIB
+    return a.lora_params(lora_targets_of(c, a), c.lora.r, c.lora.experts) * (4 + 4 + 8) / GIB
 
 
 def token_bytes(c) -> TokenBytes:
