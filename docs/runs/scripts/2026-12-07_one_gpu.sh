@@ -32,6 +32,11 @@
 #      fast at b24 every layer recomputed (profiled), and at b8 with 12 of its 32 layers kept
 #  20  Unsloth's Qwen3.5 at b16 (its fastest of step 16's and 17's cells) on step 19's machine, then fast at b12 with
 #      8 layers kept and at b16 with 4
+#  21  Qwen3.5-9B fast with fewer layers recomputed, on a new machine (its first cell compiles fla's kernels): b8 with
+#      12 of 32 layers kept (2026-12-07e's fastest), b6 with 16 kept, b8 with 16 recomputed, 8 offloaded, 8 kept
+#  22  Unsloth's Qwen3.5 at b16 on step 21's machine (the ratio's other side), then fast b4 with 24 layers kept
+#  23  LoRA r32 on every linear layer at 4,096 (step 6): fast's search of 4 cells at b2-b4 with 5/8 to all layers
+#      recomputed (where the memory model fits them), then hf's search of 3 cells
 #  11  2,000 ShareGPT conversations packed into rows of 2,048 tokens within 22 GiB (Mistral-7B): fast, and Unsloth
 #      through its own padding-free path (carry .gpudata: the conversations)
 set -u
@@ -145,6 +150,21 @@ step19() {  # Qwen3.5 with Liger's SwiGLU kept in fast's MLP and the mixer's res
 step20() {  # Unsloth's Qwen3.5 at b16 (its fastest of steps 16-17) on step 19's machine, then fast's other layouts
   no_fla; sweep 0 qwen3.5-9b_unsloth_b16 $q35 batch=16 backend.unsloth_offload=false backend=unsloth
   kept 12 0.75 && kept 16 0.875
+}
+kept_off() { with_fla; sweep 0 qwen3.5-9b_fast_b$1_ckpt$2_off$3 $q35b batch=$1 train.checkpoint_fraction=$2 \
+  train.offload_fraction=$3; }
+step21() { kept 8 0.625 && kept 6 0.5 && kept_off 8 0.5 0.25; }  # 20.2, 19.1 and 16.9 GiB estimated
+step22() {
+  no_fla; sweep 0 qwen3.5-9b_unsloth_b16 $q35 batch=16 backend.unsloth_offload=false backend=unsloth
+  kept 4 0.25
+}
+step23() {
+  local wide="-m +experiment=tune train.max_steps=10 train.untimed_steps=3 seq_len=4096 gpu=a10 lora=all_linear"
+  sweep 0 mistral-7b_all_linear_r32_4k_fast_wide $wide lora.r=32 lora.alpha=64 search.max_cells=4 \
+    search.batches=[2,3,4] search.checkpoint_fractions=[0.625,0.75,0.875,1] search.offload_fractions=[0] \
+    backend=fast || return
+  sweep 0 mistral-7b_all_linear_r32_4k_hf $wide lora.r=32 lora.alpha=64 search.max_cells=3 search.batches=[1,2,4] \
+    backend=hf
 }
 step12() {
   with_fla
