@@ -560,6 +560,9 @@ class SearchConfig:
     checkpoint_fractions: List[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 1.0])
     offload_fractions: List[float] = field(default_factory=lambda: [0.0, 0.25])
     plateau: float = 0.03  # stop raising batch once non-pad tokens/s rose less than this
+    # hf, fast: with cells to spare, at most this many layouts halfway (in layers recomputed) between the fastest
+    # cell's and its neighbour of checkpoint_fractions (lorabench.sweep.search.refine); 0: those fractions only
+    refine_layouts: int = 2
     # Also measure the best layout with lora.dropout=0 (a second, labelled row: it changes the recipe).
     allow_dropout_zero: bool = False
     # target=max_context: seq_len is bisected within [min_seq_len, max_seq_len] (and the model's window) on
@@ -574,6 +577,7 @@ class SearchConfig:
     def __post_init__(self) -> None:
         _positive("search.max_cells", self.max_cells)
         _non_negative("search.plateau", self.plateau)
+        _non_negative("search.refine_layouts", self.refine_layouts)
         for key in ("min_seq_len", "max_seq_len", "seq_multiple", "resolution_tokens"):
             _positive(f"search.{key}", getattr(self, key))
         _non_negative("search.resolution_pct", self.resolution_pct)
