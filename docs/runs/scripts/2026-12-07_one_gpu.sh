@@ -37,6 +37,8 @@
 #  22  Unsloth's Qwen3.5 at b16 on step 21's machine (the ratio's other side), then fast b4 with 24 layers kept
 #  23  LoRA r32 on every linear layer at 4,096 (step 6): fast's search of 4 cells at b2-b4 with 5/8 to all layers
 #      recomputed (where the memory model fits them), then hf's search of 3 cells
+#  24  Qwen3.5-9B fast's search of 8 cells over half and all layers recomputed, its cells to spare on the fractions
+#      between (search.refine_layouts); cut by a call's deadline, the same step in the next call resumes it
 #  11  2,000 ShareGPT conversations packed into rows of 2,048 tokens within 22 GiB (Mistral-7B): fast, and Unsloth
 #      through its own padding-free path (carry .gpudata: the conversations)
 set -u
@@ -165,6 +167,10 @@ step23() {
     backend=fast || return
   sweep 0 mistral-7b_all_linear_r32_4k_hf $wide lora.r=32 lora.alpha=64 search.max_cells=3 search.batches=[1,2,4] \
     backend=hf
+}
+step24() {
+  with_fla; sweep 0 qwen3.5-9b_fast_refined $search model=qwen3.5-9b data=synthetic search.max_cells=8 \
+    search.checkpoint_fractions=[0.5,1] search.offload_fractions=[0] search.batches=[4,6,8,12,16,24] backend=fast
 }
 step12() {
   with_fla
