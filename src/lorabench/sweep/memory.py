@@ -7,11 +7,13 @@ shows its split beside the measured peak.
 
 Per token of a row and per decoder layer (w: the compute dtype's bytes, 2 in bf16):
   kept        a layer that keeps what its backward needs: its input, q/k/v and the attention's output, the
-              MLP's two [tokens x intermediate] tensors (Architecture.activation_width x w); under PEFT's LoRA
+              MLP's two [tokens x intermediate] tensors (Architecture.activation_width x w; on hf under QLoRA's
+              upcast x 4: bitsandbytes' layers return the fp32 residual stream's dtype); under PEFT's LoRA
               layers (hf) with dropout, each adapted projection's dropped-out input and its mask (in_features
-              x (w + 1)): on every linear layer (lora=all_linear) that is 6 x hidden + intermediate values more;
-              without those copies (fast, Unsloth, no dropout), adapters on the MLP keep their inputs: the normed
-              residual for gate/up and down's [tokens x intermediate] input, hidden + intermediate values more;
+              x (4 + 1) under that upcast): on every linear layer (lora=all_linear) 6 x hidden + intermediate
+              values more; without those copies (fast, Unsloth, no dropout), adapters on the MLP keep their
+              inputs: the normed residual for gate/up, down's [tokens x intermediate] input, hidden + intermediate
+              values more;
               a linear-attention layer (Qwen3.5's, through transformers' PyTorch rule) also the rule's float32
               chunks, measured (lorabench.models.census.delta_rule_bytes); `kept` is then the mean over the layers
   recomputed  a recomputed layer keeps its input: hidden x 4 bytes in QLoRA's fp32 residual stream (hf), x w
@@ -93,7 +95,8 @@ class TokenBytes:
     rule_share: float = 0.0  # at this share of the layers: `kept` is the mean over the layers)
     scores: float = 0.0  # eager attention: bytes a layer keeps per [query x key] pair of a row, all heads
     attention: float = 0.0  # the attention's backward: its float32 dq accumulator and GQA's expanded dk/dv
-    adapters: float = 0.0  # of `kept`: the MLP adapters' inputs (mlp_adapter_inputs), not in the layer in its backward
+    # of `kept`: what the layer in its backward is not counted holding (the MLP adapters' inputs, hf's fp32 widening)
+    kept_only: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -165,9 +168,9 @@ class MemoryModel:
         # the layer in its backward: its activations and their gradients, and a linear-attention layer's rule once
         # (the gradients of its float32 chunks are formed op by op, not held together: the H100's measured peaks of
         # Qwen3.5-9B fit once, not twice; tests/sweep/test_memory.py)
-        # The MLP adapters' inputs are left out of it too: fast's measured peaks with every layer recomputed on every
-        # linear layer fit without them (within 4%, where with them 5-8% over; tests/sweep/test_memory.py).
-        layer = per_layer - tb.rule_share * tb.rule - tb.adapters
+        # What a kept layer holds beyond that is left out of it too (the MLP adapters' inputs, hf's fp32 widening):
+        # fast's and hf's measured peaks with every layer recomputed fit without them (tests/sweep/test_memory.py).
+        layer = per_layer - tb.rule_share * tb.rule - tb.kept_only
         tile = tb.mlp * min(plan.tile, tokens) if plan.tile else 0.0
         inputs = n * plan.recomputed * tb.recomputed * tokens
         logits = tb.logits * tokens
@@ -203,7 +206,7 @@ def compute_width(c) -> int:
 def token_bytes_of(c, a) -> TokenBytes:
     """c's per-token bytes on architecture `a` (the module's docstring)."""
     from lorabench.builders.data import packs
-    from lorabench.core.config import Backend, DataKind
+    from lorabench.core.config import QUANTISED, Backend, DataKind
     from lorabench.fast import delta_rule
     from lorabench.models import census
 
@@ -211,10 +214,16 @@ def token_bytes_of(c, a) -> TokenBytes:
     w = compute_width(c)
     unsloth, hf_like = b.name is Backend.unsloth, b.name in (Backend.hf, Backend.liger)
     ff = a.experts_per_token * a.expert_intermediate if a.is_moe else a.intermediate
+    # QLoRA's fp32 residual stream (hf: norms, embeddings and head upcast): bitsandbytes' 4- and 8-bit layers return
+    # the input's dtype, so a kept layer's activations are fp32 too
+    aw = 4 if hf_like and b.upcast_fp32 and c.precision.name in QUANTISED else w
     # PEFT's dropout copies are the adapters' inputs (hf); without them the MLP's adapted projections keep theirs
-    dropout = dropout_bytes(c, a, w) if hf_like and c.lora.dropout > 0 else 0.0
-    adapters = 0.0 if dropout else mlp_adapter_inputs(c, a) * w
-    kept = a.activation_width() * w + dropout + adapters
+    dropout = (lambda width: dropout_bytes(c, a, width)) if hf_like and c.lora.dropout > 0 else (lambda width: 0.0)
+    adapters = 0.0 if dropout(w) else mlp_adapter_inputs(c, a) * w
+    kept = a.activation_width() * aw + dropout(aw) + adapters
+    # what the layer in its backward is not counted holding twice (the `working` estimate, 2 x a layer at the
+    # compute dtype's width, fits the measured peaks without it: tests/sweep/test_memory.py)
+    kept_only = adapters + a.activation_width() * (aw - w) + dropout(aw) - dropout(w)
     # Qwen3.5's linear-attention layers through transformers' PyTorch rule keep its float32 chunks too (Unsloth
     # brings flash-linear-attention's kernels, and transformers takes them where the package is installed)
     pytorch_rule = a.linear_heads and not unsloth and not delta_rule.fla_computes()
@@ -236,7 +245,7 @@ def token_bytes_of(c, a) -> TokenBytes:
     # flash attention's backward workspace (eager attention's is its scores, counted above)
     attention = 0.0 if eager else a.q_dim * (4 + (2 * w if a.kv_heads < a.heads else 0))
     return TokenBytes(kept + share * rule, 2 * ff * w, recomputed, logits, cap, mask, rule, share, scores, attention,
-                      adapters)
+                      kept_only)
 
 
 def eager_attention(c, a) -> bool:
