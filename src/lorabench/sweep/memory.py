@@ -218,12 +218,14 @@ def token_bytes_of(c, a) -> TokenBytes:
     # the input's dtype, so a kept layer's activations are fp32 too
     aw = 4 if hf_like and b.upcast_fp32 and c.precision.name in QUANTISED else w
     # PEFT's dropout copies are the adapters' inputs (hf); without them the MLP's adapted projections keep theirs
-    dropout = (lambda width: dropout_bytes(c, a, width)) if hf_like and c.lora.dropout > 0 else (lambda width: 0.0)
-    adapters = 0.0 if dropout(w) else mlp_adapter_inputs(c, a) * w
-    kept = a.activation_width() * aw + dropout(aw) + adapters
+    peft_dropout = hf_like and c.lora.dropout > 0
+    dropout = dropout_bytes(c, a, aw) if peft_dropout else 0.0
+    adapters = 0.0 if dropout else mlp_adapter_inputs(c, a) * w
+    kept = a.activation_width() * aw + dropout + adapters
     # what the layer in its backward is not counted holding twice (the `working` estimate, 2 x a layer at the
     # compute dtype's width, fits the measured peaks without it: tests/sweep/test_memory.py)
-    kept_only = adapters + a.activation_width() * (aw - w) + dropout(aw) - dropout(w)
+    widening = a.activation_width() * (aw - w) + (dropout - dropout_bytes(c, a, w) if peft_dropout else 0.0)
+    kept_only = adapters + widening
     # Qwen3.5's linear-attention layers through transformers' PyTorch rule keep its float32 chunks too (Unsloth
     # brings flash-linear-attention's kernels, and transformers takes them where the package is installed)
     pytorch_rule = a.linear_heads and not unsloth and not delta_rule.fla_computes()
