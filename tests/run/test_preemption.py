@@ -81,6 +81,21 @@ def test_a_step_stopped_inside_a_library_that_rewraps_errors_is_still_recorded_a
     assert p.aborted and isinstance(guard.raised, StepAborted)
 
 
+def test_a_step_whose_stop_a_library_swallowed_ends_without_a_checkpoint():
+    """The guard's exception lands wherever the main thread is, here in code that catches every Exception
+    and goes on: the step then ends past its grace period, and its end stops the loop (StepAborted)
+    instead of writing a checkpoint the grace period no longer covers."""
+    p, guard = Preemption(), Guard(limit_gib=1e6)
+    with p.cell(), p.training(guard, grace_s=0), guard:
+        try:  # the signal comes while the main thread runs the library's code
+            p._on_signal(signal.SIGTERM, None)
+            pad_as_the_tokenizer_does()
+        except Exception:
+            pass  # swallowed: the step goes on to its end
+        p.should_stop()  # the step's end (StopOnSignal): True would save a checkpoint and end the loop normally
+    assert p.aborted and "had not ended 0 s after the signal" in p.stopped_message(3, None, "checkpoints")
+
+
 def test_host_memory_over_the_limit_inside_a_library_that_rewraps_errors_is_recorded_as_such():
     guard = Guard(limit_gib=1e6)
     with pytest.raises(HostMemoryExceeded) as caught, guard:

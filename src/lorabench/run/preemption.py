@@ -82,6 +82,7 @@ class Preemption:
         self.signal_name: str | None = None
         self.time_limit = False  # the signal was submitit's: its handler requeues the job
         self.aborted = False  # the grace period ran out and the step was stopped
+        self._expired = False  # the grace period ran out (the stop asked of the guard)
         self._in_cell = False
         self._guard = None  # the running training loop's lorabench.run.guard.Guard
         self._child: subprocess.Popen | None = None  # a DDP cell's torchrun, while its ranks train
@@ -113,7 +114,7 @@ class Preemption:
     def training(self, guard, grace_s: float) -> Iterator[None]:
         """Around the training loop: a signal then asks the step under way to end and write a
         checkpoint (should_stop), and `guard` stops the step if it has not ended `grace_s` after it."""
-        self._guard, self._grace_s, self.aborted = guard, grace_s, False
+        self._guard, self._grace_s, self.aborted, self._expired = guard, grace_s, False, False
         try:
             yield
         except StepAborted:
@@ -137,9 +138,14 @@ class Preemption:
             self._child = None
 
     def should_stop(self) -> bool:
-        """At a step's end: whether to save a checkpoint and stop (a signal came during the step)."""
+        """At a step's end: whether to save a checkpoint and stop (a signal came during the step).
+        Raises StepAborted where the grace period ran out before the step ended: the guard's exception
+        met a library's `except Exception` that went on (it lands wherever the main thread is), and a
+        checkpoint now would be written past the grace period."""
         if self.requested and self._timer is not None:
             self._timer.cancel()  # the step ended in time: its checkpoint is written next
+        if self._expired:
+            raise StepAborted(f"{self.signal_name} grace period over")
         return self.requested
 
     def follow(self, why: str) -> None:
@@ -197,11 +203,15 @@ class Preemption:
         # No grace: stopped now, not once a timer thread next gets the interpreter, by which time a short step
         # may have ended and written its checkpoint after all.
         if self._grace_s <= 0:
-            self._guard.stop(aborted)
+            self._expire(self._guard, aborted)
             return
-        self._timer = threading.Timer(self._grace_s, self._guard.stop, args=(aborted,))
+        self._timer = threading.Timer(self._grace_s, self._expire, args=(self._guard, aborted))
         self._timer.daemon = True
         self._timer.start()
+
+    def _expire(self, guard, aborted: StepAborted) -> None:
+        self._expired = True
+        guard.stop(aborted)
 
     def _install(self) -> bool:
         if threading.current_thread() is not threading.main_thread() or self._previous:
