@@ -33,14 +33,20 @@ def test_attention_adds_no_seq_by_seq_term_on_full_rows_and_hf_s_mask_is_the_one
 def test_the_loss_s_logits_per_backend():
     """hf: fp32 logits, log-softmax and both gradients, 4 x 128,256 x 4 bytes a token (251 GiB at 131,072 tokens);
     fast: one Liger chunk, ce_chunk_mem x hidden bf16 values a token (8 x 4,096 x 2 by default, 1 x in the
-    long-context layouts); Unsloth: fp32 chunks held to 4 GiB."""
+    long-context layouts); Unsloth: chunks held to 1 GiB and formed with their gradients in the forward, so the step
+    holds them or the layer in its backward, whichever is larger, and the batch search's slope leaves them out."""
     hf, fast = model("backend=hf"), model("backend=fast")
     assert hf.tokens.logits == 4 * 128_256 * 4
     assert hf.breakdown(Plan(1.0), LONG).logits == pytest.approx(LONG * 4 * 128_256 * 4 / GIB)
     assert fast.tokens.logits == 8 * 4096 * 2 and model("backend=fast", "backend.ce_chunk_mem=1").tokens.logits == 4096 * 2
-    unsloth = model("backend=unsloth").breakdown(Plan(1.0, 0.0, True), LONG)
-    assert unsloth.logits == UNSLOTH_LOSS_CAP / GIB
-    assert model("backend=unsloth").breakdown(Plan(1.0, 0.0, True), 512).logits < 1  # below the cap: a token's share
+    unsloth, plan = model("backend=unsloth"), Plan(1.0, 0.0, True)
+    assert unsloth.tokens.logits == 4 * 128_256 + 4 * 4096 and UNSLOTH_LOSS_CAP == GIB
+    for tokens in (512, 2048, LONG):  # below the cap, at it, far past it (the layer in its backward holds more)
+        b = unsloth.breakdown(plan, tokens)
+        loss = min(tokens * unsloth.tokens.logits, UNSLOTH_LOSS_CAP) / GIB
+        assert b.working + b.logits == pytest.approx(max(b.working, loss))
+    assert unsloth.breakdown(plan, LONG).logits == 0
+    assert unsloth.per_sample_gib(plan, 512) == pytest.approx(unsloth.breakdown(plan, 512).working)
 
 
 def test_offloaded_checkpoints_leave_nothing_on_the_gpu_and_a_tiled_mlp_holds_one_tile():
@@ -219,3 +225,25 @@ def test_qwen3_5_s_linear_attention_puts_each_measured_cell_on_its_side_of_the_b
         else:
             measured = result["metrics"]["mem/peak_reserved_gib"]
             assert peak < c.gpu.memory_gib and abs(peak / measured - 1) < 0.10, (m, peak, measured)
+
+
+@pytest.mark.parametrize("sweep", ["2026-11-26_four/llama-3.1-8b_unsloth", "2026-11-26_four/qwen2.5-7b_unsloth",
+                                   "2026-11-26_gaps/m7_s2048_a10_unsloth", "2026-11-26_gaps/gemma-2-9b_unsloth",
+                                   "2026-12-06_h100_recipes/mistral-7b_all_linear_unsloth",
+                                   "2026-12-07c_h100_qwen35_unsloth/qwen3.5-9b_unsloth"])
+def test_unsloth_s_measured_peaks_fit_its_own_parts(sweep):
+    """Unsloth casts its adapters alone to fp32 (embeddings and head stay bf16: 2 GiB less on Llama-3.1-8B than under
+    QLoRA's upcast), its fused loss is gone before the layers' backward, its LoRA kernels keep dropout masks, o_proj's
+    input and, on every linear layer, the MLP's input. Counted as hf's, the model put its checkpointed cells 25-80%
+    over their peaks (Qwen3.5-9B's 248,320-word embeddings most), and its searches left out batches that fit. Each
+    cell of Unsloth's searches in these run dirs (four families within 22 GiB on an H100, q/k/v/o and every linear
+    layer, its checkpointing off, on and offloaded), on fixed-length rows, within 16% of its measured peak (every
+    linear layer with offloaded checkpointing is the farthest: 16% under), an out-of-memory cell's estimate at least
+    the budget. Gemma-2 with every layer kept is left out: Unsloth's soft-capped attention keeps scores there."""
+    for m, result, c, peak in estimates(sweep):
+        if result["status"] not in ("ok", "oom") or (c.model.name.startswith("gemma-2")
+                                                     and not c.train.gradient_checkpointing):
+            continue
+        measured = max(result["metrics"].get("mem/peak_reserved_gib", 0),
+                       c.gpu.memory_gib if result["status"] == "oom" else 0)
+        assert abs(peak / measured - 1) < 0.16 or (result["status"] == "oom" and peak > measured), (m, peak, measured)

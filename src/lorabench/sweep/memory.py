@@ -11,9 +11,11 @@ Per token of a row and per decoder layer (w: the compute dtype's bytes, 2 in bf1
               upcast x 4: bitsandbytes' layers return the fp32 residual stream's dtype); under PEFT's LoRA
               layers (hf) with dropout, each adapted projection's dropped-out input and its mask (in_features
               x (4 + 1) under that upcast): on every linear layer (lora=all_linear) 6 x hidden + intermediate
-              values more; without those copies (fast, Unsloth, no dropout), adapters on the MLP keep their
+              values more; without those copies (fast, no dropout), adapters on the MLP keep their
               inputs: the normed residual for gate/up, down's [tokens x intermediate] input, hidden + intermediate
-              values more;
+              values more; Unsloth's fused LoRA kernels keep each dropout's mask instead (in_features bytes an
+              adapted projection), o_proj's input (hidden: the attention's output made contiguous) and, where
+              gate, up and down are all adapted, the MLP's input alone (hidden: the product is recomputed);
               a linear-attention layer (Qwen3.5's, through transformers' PyTorch rule) also the rule's float32
               chunks, measured (lorabench.models.census.delta_rule_bytes); `kept` is then the mean over the layers
   recomputed  a recomputed layer keeps its input: hidden x 4 bytes in QLoRA's fp32 residual stream (hf), x w
@@ -34,8 +36,10 @@ Per token, once:
               width before they are summed (2 x q_dim x w): 32 KB a token on Llama-3.1-8B, 2 GiB at 65,536
   logits      the loss: hf's fp32 logits, log-softmax and both gradients, 4 x vocab x 4 bytes (2 MiB a token
               on Llama-3's 128,256 words: hf's context ends here first); Liger's fused linear cross-entropy
-              (fast) one chunk of at most ce_chunk_mem x hidden values a token; Unsloth's fused loss fp32
-              logits in chunks of at most 4 GiB (unsloth_zoo's target_gb) and its hidden states' fp32 gradient
+              (fast) one chunk of at most ce_chunk_mem x hidden values a token; Unsloth's fused loss
+              4 x vocab bytes and the hidden states' fp32 gradient (4 x hidden) a token, in chunks of at most 1 GiB
+              (UNSLOTH_LOSS_CAP), with their gradients formed in the forward: gone before the layers'
+              backward, so the step holds the loss or the layer in its backward (`working`), the larger
   mask        transformers' SDPA on padded or packed rows (hf), and its eager attention on any: a [seq x seq]
               mask a row (1 GiB at 32,768 tokens, 16 GiB at 131,072). Attention itself (flash or
               memory-efficient SDPA, varlen flash, flex attention, Unsloth's kernels) keeps its output and one
@@ -44,11 +48,14 @@ Per row and layer, where the attention is transformers' eager one (soft-capped l
 compute, outside fast's flex attention for soft-caps; or model.attn_implementation=eager):
   scores      each head's [seq x seq] softmax, kept for the backward: 2 to 8 bytes a pair as the family computes
               it (lorabench.models.census.eager_scores_bytes, measured); the layer in its backward holds it twice
-Fixed: the weights at their precision, LoRA's adapters with their gradients and AdamW states, 0.5 GiB of
+Fixed: the weights at their precision (embeddings and head in fp32 under QLoRA's upcast, at the compute dtype under
+Unsloth, which casts its adapters alone), LoRA's adapters with their gradients and AdamW states, 0.5 GiB of
 allocator slack.
 
 Against the peak-memory lines measured at seq 512 on an H100 (Mistral-7B nf4, LoRA r16 q/k/v/o, dropout 0.05: hf
-every layer recomputed 1.32 MB a token, fast 0.55 MB, Unsloth offloaded 0.24 MB) this gives 1.33, 0.51 and 0.33 MB.
+every layer recomputed 1.32 MB a token, fast 0.55 MB, Unsloth offloaded 0.24 MB) this gives 1.36, 0.54 and 0.21 MB.
+Unsloth's peaks on packed rows, and with every layer kept on Gemma-2 (its soft-capped attention keeps scores without
+flash-attn), are up to a quarter over the estimate: not modelled.
 """
 
 from __future__ import annotations
@@ -57,7 +64,10 @@ from dataclasses import asdict, dataclass
 
 GIB = 2**30
 SLACK_GIB = 0.5  # the caching allocator's blocks between tensors
-UNSLOTH_LOSS_CAP = 4 * GIB  # unsloth_zoo's fused cross-entropy: fp32 logits chunks of at most min(4 GiB, free / 2)
+# unsloth_zoo's fused cross-entropy sizes its chunks for 16 bytes a logit (bf16 logits, their fp32 upcast, the saved
+# log-softmax, the gradient) within min(4 GiB, free / 2); the loss counts 4 of them, as the measured peaks of its
+# checkpointed cells fit (tests/sweep/test_memory.py): a chunk holds a quarter of the 4 GiB at most
+UNSLOTH_LOSS_CAP = 4 * GIB * 4 / 16
 
 
 @dataclass(frozen=True)
@@ -97,6 +107,9 @@ class TokenBytes:
     attention: float = 0.0  # the attention's backward: its float32 dq accumulator and GQA's expanded dk/dv
     # of `kept`: what the layer in its backward is not counted holding (the MLP adapters' inputs, hf's fp32 widening)
     kept_only: float = 0.0
+    # the loss computes its gradient in the forward and frees its logits before the backward (Unsloth's fused
+    # loss): the step holds it or the layer in its backward, never both
+    loss_apart: bool = False
 
 
 @dataclass(frozen=True)
@@ -173,22 +186,27 @@ class MemoryModel:
         layer = per_layer - tb.rule_share * tb.rule - tb.kept_only
         tile = tb.mlp * min(plan.tile, tokens) if plan.tile else 0.0
         inputs = n * plan.recomputed * tb.recomputed * tokens
-        logits = tb.logits * tokens
         one_layer = self.experts_gib / max(self.expert_layers, 1)  # a layer's merged or dequantised experts
         scores = tb.scores * batch * seq_len**2  # one layer's eager softmax over the batch
+        working = (2 * (layer * tokens + tile + scores) + (tb.rule + tb.attention) * tokens) / GIB + 2 * one_layer
+        logits = min(tb.logits * tokens, tb.logits_cap or float("inf")) / GIB
+        if tb.loss_apart:  # the peak holds the larger of the two: the loss counts what it adds beyond the layer
+            logits = max(0.0, logits - working)
         return Breakdown(
             weights=self.weights_gib, lora=self.lora_gib,
             kept=(n * kept_frac * (per_layer * tokens + scores)) / GIB + kept_frac * self.experts_gib,
             inputs=0.0 if plan.inputs_offloaded else inputs / GIB,
-            working=(2 * (layer * tokens + tile + scores) + (tb.rule + tb.attention) * tokens) / GIB + 2 * one_layer,
-            logits=(min(logits, tb.logits_cap) if tb.logits_cap else logits) / GIB,
+            working=working, logits=logits,
             mask=batch * seq_len**2 / GIB if tb.mask else 0.0, slack=SLACK_GIB,
             host=(n * plan.offloaded * per_layer * tokens + (inputs if plan.inputs_offloaded else 0.0)) / GIB
             + plan.offloaded * self.experts_gib)
 
     def per_sample_gib(self, plan: Plan, seq_len: int) -> float:
-        """What one more row of seq_len tokens adds (the batch search's memory per sample)."""
-        return self.breakdown(plan, seq_len, 1).activations - self.layout_gib(plan, seq_len)
+        """What one more row of seq_len tokens adds (the batch search's memory per sample). A loss apart from the
+        layer in its backward (Unsloth's) is left out: what it adds beyond that layer shrinks as rows are added
+        (it stops at its cap, the layer grows), and the searches' batches are where the layer is the larger."""
+        one = self.breakdown(plan, seq_len, 1)
+        return one.activations - (one.logits if self.tokens.loss_apart else 0.0) - self.layout_gib(plan, seq_len)
 
     def layout_gib(self, plan: Plan, seq_len: int) -> float:
         """What the plan holds whatever the batch: the merged expert weights of the layers it keeps and of the layer
@@ -221,6 +239,8 @@ def token_bytes_of(c, a) -> TokenBytes:
     peft_dropout = hf_like and c.lora.dropout > 0
     dropout = dropout_bytes(c, a, aw) if peft_dropout else 0.0
     adapters = 0.0 if dropout else mlp_adapter_inputs(c, a) * w
+    if unsloth:  # its fused LoRA kernels: o_proj's contiguous input, the MLP's, each dropout's mask (a byte a value)
+        adapters = (a.hidden + unsloth_mlp_inputs(c, a)) * w + (dropout_bytes(c, a, 0) if c.lora.dropout > 0 else 0.0)
     kept = a.activation_width() * aw + dropout + adapters
     # what the layer in its backward is not counted holding twice (the `working` estimate, 2 x a layer at the
     # compute dtype's width, fits the measured peaks without it: tests/sweep/test_memory.py)
@@ -234,7 +254,7 @@ def token_bytes_of(c, a) -> TokenBytes:
     if "fused_linear_cross_entropy" in b.liger or (b.name is Backend.fast and b.chunked_loss):
         logits, cap = w * b.ce_chunk_mem * a.hidden, None
     elif unsloth:
-        logits, cap = 4 * a.vocab + 4 * a.hidden, UNSLOTH_LOSS_CAP + 0.0
+        logits, cap = 4 * a.vocab + 4 * a.hidden, UNSLOTH_LOSS_CAP
     else:
         logits, cap = 4 * a.vocab * 4, None
     eager = eager_attention(c, a)
@@ -247,13 +267,15 @@ def token_bytes_of(c, a) -> TokenBytes:
     # flash attention's backward workspace (eager attention's is its scores, counted above)
     attention = 0.0 if eager else a.q_dim * (4 + (2 * w if a.kv_heads < a.heads else 0))
     return TokenBytes(kept + share * rule, 2 * ff * w, recomputed, logits, cap, mask, rule, share, scores, attention,
-                      kept_only)
+                      kept_only, loss_apart=unsloth)
 
 
 def eager_attention(c, a) -> bool:
     """Whether the cell's attention is transformers' eager one: where asked, and where the architecture soft-caps its
     logits or has sinks (SDPA computes neither: lorabench.builders.modeling.attention_implementation), unless fast's
-    flex attention computes the soft-cap (on CUDA, where the searches run) or Unsloth its own kernels."""
+    flex attention computes the soft-cap (on CUDA, where the searches run) or Unsloth its own kernels. (Unsloth's
+    soft-capped attention without flash-attn keeps its scores, less than transformers' eager one: Gemma-2's peaks with
+    every layer kept are 20-25% over the estimate, with its checkpointing within 10%.)"""
     from lorabench.core.config import Backend
 
     b = c.backend
@@ -286,11 +308,19 @@ def mlp_adapter_inputs(c, a) -> int:
     return gate_up + (shapes["down_proj"][0] if "down_proj" in targets and "down_proj" in shapes else 0)
 
 
+def unsloth_mlp_inputs(c, a) -> int:
+    """mlp_adapter_inputs under Unsloth: where LoRA adapts gate, up and down, its fused MLP keeps the MLP's input
+    and recomputes the gated product in the backward (hidden values a token), else PEFT's layers keep theirs."""
+    if {"gate_proj", "up_proj", "down_proj"} <= set(lora_targets_of(c, a)):
+        return a.hidden
+    return mlp_adapter_inputs(c, a)
+
+
 def weights_gib_of(c, a) -> float:
     """The weights at their precision (nf4: 4 bits and one 8-bit scale per 64 weights under double quantisation; an
     MoE model's experts 2 bytes in nf4 and int8 cells, which bitsandbytes leaves unquantised, nf4 with
     precision.experts_nf4), embeddings and head (fp32 under QLoRA's upcast)."""
-    from lorabench.core.config import QUANTISED, Precision
+    from lorabench.core.config import QUANTISED, Backend, Precision
 
     p = c.precision.name
     linear = a.matmul_params() - a.hidden * a.vocab  # every layer's projections (all experts), not the head
@@ -299,7 +329,9 @@ def weights_gib_of(c, a) -> float:
     experts = a.expert_params()
     expert_bytes = per_param if p not in QUANTISED or c.precision.experts_nf4 else 2.0
     linear_bytes = (linear - experts) * per_param + experts * expert_bytes
-    embed_w = 4 if c.backend.upcast_fp32 and p in QUANTISED else (4 if p is Precision.fp32 else 2)
+    # Unsloth casts only the adapters to fp32, its embeddings and head stay at the compute dtype
+    upcast = c.backend.upcast_fp32 and c.backend.name is not Backend.unsloth
+    embed_w = 4 if upcast and p in QUANTISED else (4 if p is Precision.fp32 else 2)
     embeddings = (1 if a.tied_embeddings else 2) * a.vocab * a.hidden
     return (linear_bytes + embeddings * embed_w) / GIB
 
