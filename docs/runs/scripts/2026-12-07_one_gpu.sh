@@ -39,6 +39,8 @@
 #      recomputed (where the memory model fits them), then hf's search of 3 cells
 #  24  Qwen3.5-9B fast's search of 8 cells over half and all layers recomputed, its cells to spare on the fractions
 #      between (search.refine_layouts); cut by a call's deadline, the same step in the next call resumes it
+#  25  Qwen3.5-9B Unsloth's search of 4 cells from b16 up, its checkpointing on with the inputs on the GPU or
+#      offloaded (its memory model now fits its checkpointed peaks: b24 to b48 estimated to fit, none measured yet)
 #  11  2,000 ShareGPT conversations packed into rows of 2,048 tokens within 22 GiB (Mistral-7B): fast, and Unsloth
 #      through its own padding-free path (carry .gpudata: the conversations)
 set -u
@@ -171,6 +173,11 @@ step23() {
 step24() {
   with_fla; sweep 0 qwen3.5-9b_fast_refined $search model=qwen3.5-9b data=synthetic search.max_cells=8 \
     search.checkpoint_fractions=[0.5,1] search.offload_fractions=[0] search.batches=[4,6,8,12,16,24] backend=fast
+}
+step25() {
+  no_fla; sweep 0 qwen3.5-9b_unsloth_search $search model=qwen3.5-9b data=synthetic search.max_cells=4 \
+    search.batches=[16,24,32,48] backend=unsloth
+  local rc=$?; with_fla; return $rc
 }
 step12() {
   with_fla
