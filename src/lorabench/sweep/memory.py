@@ -55,7 +55,7 @@ allocator slack.
 Against the peak-memory lines measured at seq 512 on an H100 (Mistral-7B nf4, LoRA r16 q/k/v/o, dropout 0.05: hf
 every layer recomputed 1.32 MB a token, fast 0.55 MB, Unsloth offloaded 0.24 MB) this gives 1.36, 0.54 and 0.21 MB.
 Unsloth's peaks on packed rows, and with every layer kept on Gemma-2 (its soft-capped attention keeps scores without
-flash-attn), are up to a quarter over the estimate: not modelled.
+flash-attn), are up to 30% over the estimate: not modelled.
 """
 
 from __future__ import annotations
@@ -275,7 +275,7 @@ def eager_attention(c, a) -> bool:
     logits or has sinks (SDPA computes neither: lorabench.builders.modeling.attention_implementation), unless fast's
     flex attention computes the soft-cap (on CUDA, where the searches run) or Unsloth its own kernels. (Unsloth's
     soft-capped attention without flash-attn keeps its scores, less than transformers' eager one: Gemma-2's peaks with
-    every layer kept are 20-25% over the estimate, with its checkpointing within 10%.)"""
+    every layer kept are up to 30% over the estimate, with its checkpointing within 10%.)"""
     from lorabench.core.config import Backend
 
     b = c.backend
