@@ -233,12 +233,12 @@ def test_qwen3_5_s_linear_attention_puts_each_measured_cell_on_its_side_of_the_b
 def test_unsloth_s_measured_peaks_fit_its_own_parts(sweep):
     """Unsloth casts its adapters alone to fp32 (embeddings and head stay bf16: 2 GiB less on Llama-3.1-8B than under
     QLoRA's upcast), its fused loss is gone before the layers' backward, its LoRA kernels keep dropout masks, o_proj's
-    input and, on every linear layer, the MLP's input. Counted as hf's, the model put its checkpointed cells 25-80%
-    over their peaks (Qwen3.5-9B's 248,320-word embeddings most), and its searches left out batches that fit. Each
-    cell of Unsloth's searches in these run dirs (four families within 22 GiB on an H100, q/k/v/o and every linear
-    layer, its checkpointing off, on and offloaded), on fixed-length rows, within 16% of its measured peak (every
-    linear layer with offloaded checkpointing is the farthest: 16% under), an out-of-memory cell's estimate at least
-    the budget. Gemma-2 with every layer kept is left out: Unsloth's soft-capped attention keeps scores there."""
+    input and, on every linear layer, the MLP's input. Before it counted these, the model put its checkpointed cells
+    25-80% over their peaks (Qwen3.5-9B's 248,320-word embeddings most), and its searches left out batches that fit.
+    Each cell of Unsloth's searches in these run dirs (four families within 22 GiB on an H100, q/k/v/o and every
+    linear layer, its checkpointing off, on and offloaded), on fixed-length rows, within 16% of its measured peak
+    (every linear layer with offloaded checkpointing is the farthest: 16% under), an out-of-memory cell's estimate at
+    least the budget. Gemma-2 with every layer kept is left out: Unsloth's soft-capped attention keeps scores there."""
     for m, result, c, peak in estimates(sweep):
         if result["status"] not in ("ok", "oom") or (c.model.name.startswith("gemma-2")
                                                      and not c.train.gradient_checkpointing):
