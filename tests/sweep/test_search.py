@@ -210,6 +210,29 @@ def test_an_oom_implies_the_cells_that_need_more_memory():
     assert (out.best.layout, out.best.batch) == (L.label, b)
 
 
+def test_before_any_cell_the_raw_estimate_skips_only_what_it_puts_over_twice_the_budget():
+    """The raw estimate chooses where a search starts; before any cell is measured it skips a cell only where it
+    puts it over twice the budget (it is within 2x of every backend's measured peaks): a layout keeping everything
+    at 10.5 GiB a row (48 GiB at b4, in 22) is not run, the search starts on the other end. At 1.5x the budget the
+    same layout is run, and its OOM measured."""
+    batches = [4, 8, 16]
+    for per_row, skipped in ((10.4, True), (6.75, False)):  # b4 of the first layout: 6 + 4 x (per_row + 0.1) GiB
+        gpu = Gpu(per_sample=lambda r, o, k=per_row: k * (1 - r - o) + 0.12 * r + 0.1)
+        Ls = layouts(gpu.per_sample)
+        out = search(Space(Ls, batches, gpu.budget, fixed_gib=6.0, max_cells=6), gpu.measure)
+        check_invariants(gpu, out, 6)
+        first = Ls[0]
+        assert (first not in [L for L, _, _ in gpu.calls]) is skipped
+        if skipped:
+            t = next(t for t in out.trials if t.layout == first.label)
+            assert t.status == "skipped" and "over 2x the budget of 22 GiB" in t.reason and t.batch == 4
+            assert out.stops[first.label] == "nothing fits (estimated)" and gpu.calls[0][0] is Ls[-1]
+        else:
+            assert gpu.calls[0][:3] == (first, 4, "oom")
+        L, b = max(((L, b) for L in Ls for b in batches if gpu.peak(L, b) <= gpu.budget), key=lambda lb: gpu.tok(*lb))
+        assert (out.best.layout, out.best.batch) == (L.label, b)
+
+
 def test_the_cell_cap_holds_and_unreached_layouts_are_listed():
     gpu = Gpu()
     Ls = layouts(lambda r, o: 1.5 * gpu.per_sample(r, o))

@@ -38,7 +38,8 @@ How cells are chosen (`search`):
      below, when cells are to spare, to learn whether a larger batch still pays (`probe_plateau`).
   3. A cell implied OOM by a measured one (no larger batch, a layout saving no more memory) is never
      run: it is recorded as skipped with its witness, as is one the refitted model puts 10% over the
-     budget. A layout is skipped when one that saves less memory reached its plateau or the top of
+     budget and, before any cell is measured, a layout whose smallest batch the raw model puts over twice
+     the budget (`beyond_reach`: the raw model is within 2x of the measured peaks). A layout is skipped when one that saves less memory reached its plateau or the top of
      the ladder (saving more memory only buys a larger batch, which no longer pays), or when it would
      fit no larger batch than such a layout's best.
   4. With cells to spare (hf, fast): a layout halfway, in layers recomputed, between the fastest cell's and its
@@ -70,6 +71,9 @@ from lorabench.sweep import memory
 GIB = 2**30
 FIT_MARGIN = 0.02  # a batch is started on when the model puts it this far under the budget
 SKIP_MARGIN = 0.10  # and skipped on the model's word only when it puts it this far over (once calibrated)
+# Before any cell, only a cell the raw estimate puts over this many budgets: the raw model is within 2x of every
+# backend's measured peaks (tests/sweep/test_memory.py holds hf, fast and Unsloth within 16%)
+RAW_SKIP = 2.0
 # The keys a search sets in each cell: an outer override of one of them would be overwritten.
 SEARCH_KEYS = ("batch", "train.gradient_checkpointing", "train.checkpoint_fraction", "train.offload_fraction",
                "train.offload_checkpoints", "backend.tiled_mlp", "backend.unsloth_offload")
@@ -213,10 +217,19 @@ class Search:
 
     def estimated_oom(self, L: Layout, b: int) -> str | None:
         if self.budget is None or self.calibration() is None:
-            return None  # the raw estimate may be off by 2x: it chooses where to start, never what to skip
+            return None  # the raw estimate may be off by 2x: it chooses where to start (beyond_reach aside)
         p = self.predict(L, b)
         return (f"estimated {p:.1f} GiB > budget {self.budget:g} GiB (the memory model calibrated on the "
                 f"cells measured)") if p > self.budget * (1 + SKIP_MARGIN) else None
+
+    def beyond_reach(self, L: Layout, b: int) -> str | None:
+        """Before any cell is measured: why L at batch b would run out of memory, where the raw estimate puts it
+        over RAW_SKIP budgets (Unsloth's checkpointing off at b16 on Qwen3.5-9B: 71 GiB in 22), else None."""
+        if self.budget is None or self.calibration() is not None:
+            return None
+        p = self.predict(L, b)
+        return (f"estimated {p:.1f} GiB, over {RAW_SKIP:g}x the budget of {self.budget:g} GiB (the memory model, "
+                "before any cell)") if p > RAW_SKIP * self.budget else None
 
     # ------------------------------------------------------------------ trials
     def skip(self, L: Layout, b: int | None, reason: str) -> None:
@@ -336,6 +349,10 @@ def climb(st: Search, L: Layout) -> None:
         return
     known = st.implied_fit(L)
     fitting = [b for b in cands if st.fits_estimate(L, b)]
+    if not fitting and not known and (e := st.beyond_reach(L, cands[0])):
+        st.skip(L, cands[0], e)
+        st.out.stops[L.label] = "nothing fits (estimated)"
+        return
     b = max(max(fitting, default=cands[0]), min((c for c in cands if c >= known), default=cands[-1]))
     while True:
         if st.cells_left() <= 0:
