@@ -39,9 +39,9 @@ How cells are chosen (`search`):
   3. A cell implied OOM by a measured one (no larger batch, a layout saving no more memory) is never
      run: it is recorded as skipped with its witness, as is one the refitted model puts 10% over the
      budget and, before any cell is measured, a layout whose smallest batch the raw model puts over twice
-     the budget (`beyond_reach`: the raw model is within 2x of the measured peaks). A layout is skipped when one that saves less memory reached its plateau or the top of
-     the ladder (saving more memory only buys a larger batch, which no longer pays), or when it would
-     fit no larger batch than such a layout's best.
+     the budget (the raw model is within 2x of the measured peaks). A layout is skipped when one that saves
+     less memory reached its plateau or the top of the ladder (saving more memory only buys a larger batch,
+     which no longer pays), or when it would fit no larger batch than such a layout's best.
   4. With cells to spare (hf, fast): a layout halfway, in layers recomputed, between the fastest cell's and its
      nearest neighbour, climbed as the others; again around the fastest, search.refine_layouts at most (`refine`).
   5. The best is the fastest measured cell (non-pad tokens/s); search.json says why it won.
@@ -216,20 +216,18 @@ class Search:
         return self.budget is None or self.predict(L, b) <= self.budget * (1 - margin)
 
     def estimated_oom(self, L: Layout, b: int) -> str | None:
-        if self.budget is None or self.calibration() is None:
-            return None  # the raw estimate may be off by 2x: it chooses where to start (beyond_reach aside)
-        p = self.predict(L, b)
-        return (f"estimated {p:.1f} GiB > budget {self.budget:g} GiB (the memory model calibrated on the "
-                f"cells measured)") if p > self.budget * (1 + SKIP_MARGIN) else None
-
-    def beyond_reach(self, L: Layout, b: int) -> str | None:
-        """Before any cell is measured: why L at batch b would run out of memory, where the raw estimate puts it
-        over RAW_SKIP budgets (Unsloth's checkpointing off at b16 on Qwen3.5-9B: 71 GiB in 22), else None."""
-        if self.budget is None or self.calibration() is not None:
+        """Why L at batch b would run out of memory on the memory model's word, else None: once cells calibrated it,
+        where it puts it SKIP_MARGIN over the budget; before, the raw estimate (off by up to 2x: it chooses where to
+        start) only where it puts it over RAW_SKIP budgets (Unsloth's checkpointing off at b16 on Qwen3.5-9B: 71
+        GiB in 22)."""
+        if self.budget is None:
             return None
         p = self.predict(L, b)
-        return (f"estimated {p:.1f} GiB, over {RAW_SKIP:g}x the budget of {self.budget:g} GiB (the memory model, "
-                "before any cell)") if p > RAW_SKIP * self.budget else None
+        if self.calibration() is None:
+            return (f"estimated {p:.1f} GiB, over {RAW_SKIP:g}x the budget of {self.budget:g} GiB (the memory "
+                    "model, before any cell)") if p > RAW_SKIP * self.budget else None
+        return (f"estimated {p:.1f} GiB > budget {self.budget:g} GiB (the memory model calibrated on the "
+                f"cells measured)") if p > self.budget * (1 + SKIP_MARGIN) else None
 
     # ------------------------------------------------------------------ trials
     def skip(self, L: Layout, b: int | None, reason: str) -> None:
@@ -349,7 +347,8 @@ def climb(st: Search, L: Layout) -> None:
         return
     known = st.implied_fit(L)
     fitting = [b for b in cands if st.fits_estimate(L, b)]
-    if not fitting and not known and (e := st.beyond_reach(L, cands[0])):
+    # a first cell is skipped on the raw estimate alone (a calibrated one still measures the layout's smallest batch)
+    if not fitting and not known and st.calibration() is None and (e := st.estimated_oom(L, cands[0])):
         st.skip(L, cands[0], e)
         st.out.stops[L.label] = "nothing fits (estimated)"
         return
