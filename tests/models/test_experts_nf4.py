@@ -130,6 +130,37 @@ def test_random_experts_are_drawn_one_at_a_time_as_they_are_quantised():
             assert abs(w.std().item() - 0.1) < 0.005 and abs(w.mean().item()) < 0.005
 
 
+def test_the_loader_reserves_no_more_than_the_quantised_model_holds(monkeypatch):
+    """Before it loads a weight, transformers reserves on the GPU one block of the bytes it counts for all of them
+    (caching_allocator_warmup), capped at the device's memory, not at a cell's emulated budget. Counting the experts
+    drawn later at bf16 (four times their nf4 words), that block ran gpt-oss-20b's cells within 22 GiB out of memory
+    before a weight was placed (38 GiB asked). What it would reserve is recorded here (on the CPU it reserves
+    nothing): at most the bytes the loaded, quantised model holds."""
+    from conftest import compose_cfg
+    from omegaconf import OmegaConf
+    from transformers import modeling_utils
+
+    from lorabench.builders import modeling
+    from lorabench.run import sharding
+
+    asked = []
+
+    def warmup(model, device_map, quantizer):  # the bytes transformers' warmup counts (get_total_byte_count)
+        def size(name):
+            p = model.get_parameter_or_buffer(name)
+            return p.numel() * (quantizer.param_element_size(model, name, p) if quantizer else p.element_size())
+        asked.append(sum(size(name) for name in device_map))
+
+    monkeypatch.setattr(modeling_utils, "caching_allocator_warmup", warmup)
+    tiny = ["model.num_hidden_layers=2", "model.hidden_size=64", "model.intermediate_size=64",
+            "model.num_attention_heads=4", "model.num_key_value_heads=2", "model.head_dim=16", "model.vocab_size=256",
+            "model.hf_config.num_local_experts=4", "++model.hf_config.pad_token_id=0"]
+    cfg = OmegaConf.to_object(compose_cfg(["model=gpt-oss-20b", "precision=nf4", "precision.experts_nf4=true",
+                                           "data=synthetic", *tiny]))
+    model, _ = modeling.build_model(cfg, torch.device("cpu"))
+    assert sum(asked) <= sharding.held_bytes(model)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpt_oss_experts_in_nf4_load_and_train_within_their_quantised_size():

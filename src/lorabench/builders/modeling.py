@@ -227,6 +227,24 @@ def vector_fill(model, name: str) -> float:
     return 0.0 if "(1.0+self.weight" in source or "(1+self.weight" in source else 1.0
 
 
+@contextlib.contextmanager
+def allocator_warmup_off(off: bool = True):
+    """Load without transformers' allocator warmup (caching_allocator_warmup), which reserves one block of every
+    weight's bytes on the GPU before the first is loaded. It counts the experts drawn later (LaterWeight) at their
+    bf16 size, 38 GiB on gpt-oss-20b for weights that end as 10 in nf4, and caps the block at the device's memory,
+    not at an emulated budget (gpu=a10 on an H100): the block alone runs such a cell out of memory, and on a whole
+    GPU it stays reserved, counted in the cell's peak. Without it the weights are placed one at a time."""
+    from transformers import modeling_utils
+
+    warmup = modeling_utils.caching_allocator_warmup
+    if off:
+        modeling_utils.caching_allocator_warmup = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        modeling_utils.caching_allocator_warmup = warmup
+
+
 def build_model(cfg: Config, device: torch.device, sharded: bool = False):
     """Base model at the cell's precision on `device` (cfg: a training cell's or bench.py's config).
     Returns (model, weights) where weights says where the weights came from ("random_init" or the
@@ -258,10 +276,11 @@ def build_model(cfg: Config, device: torch.device, sharded: bool = False):
             with torch.device("meta"):
                 skeleton = AutoModelForCausalLM.from_config(hf_config(cfg.model), dtype=dtype)
             later = cfg.precision.experts_nf4  # the experts drawn as they are quantised, never all in bf16
-            model = type(skeleton).from_pretrained(
-                None, config=skeleton.config, state_dict=random_state_dict(skeleton, device, later), dtype=dtype,
-                quantization_config=quant, device_map=device_map,
-                attn_implementation=attention_implementation(cfg.model, skeleton.config))
+            with allocator_warmup_off(later):
+                model = type(skeleton).from_pretrained(
+                    None, config=skeleton.config, state_dict=random_state_dict(skeleton, device, later), dtype=dtype,
+                    quantization_config=quant, device_map=device_map,
+                    attn_implementation=attention_implementation(cfg.model, skeleton.config))
         weights = "random_init"
     if cfg.precision.experts_nf4:
         from lorabench.builders import experts_nf4
@@ -362,7 +381,7 @@ def count_params(model) -> dict:
     the expert weights stored as floats (all of them in transformers 5, in nf4 and int8 cells too).
     lora_modules / lora_expert_weights: how many linear layers and 3-D expert weights carry adapters.
     """
-    import torch.nn as nn
+    from torch import nn
 
     arch = Architecture.from_hf_config(model.config)
     share = arch.experts_per_token / arch.num_experts if arch.is_moe else 1.0
