@@ -44,7 +44,7 @@ def behind(rows: list[list]) -> str:
     x = tok(fast) / tok(unsloth)
     name, least = min(((f"{r[0]}'s at seq {r[1]}", float(r[3].rstrip("x"))) for r in rows), key=lambda p: p[1])
     return (("Narrowest lead" if x <= least else "Hybrid linear attention") + ": on Qwen3.5-9B (seq 1024, within "
-            f"22 GiB, {short_gpu(fast)}) fast's {tok(fast):,.0f} tok/s is {x:.2f}x Unsloth's {tok(unsloth):,.0f}, "
+            f"22 GiB, {short_gpu(fast)}) fast's {tok(fast):,.0f} tok/s is {x:.3f}x Unsloth's {tok(unsloth):,.0f}, "
             "which compiles each decoder layer whole ([docs/results.md](docs/results.md#qwen35-9b-against-unsloth))"
             + ("." if x <= least else f"; the narrowest lead above is {name}, {least:.2f}x."))
 

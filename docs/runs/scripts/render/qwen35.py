@@ -1,6 +1,7 @@
 """Qwen3.5-9B within 22 GiB on one H100: fast with flash-linear-attention's kernels for its linear-attention layers
 against hf with transformers' PyTorch rule, and the GPU tests of the 2026 families in the same run."""
 import re
+from pathlib import Path
 
 from lorabench.core.results import CellResult
 
@@ -125,7 +126,7 @@ def _one_machine_cells() -> list[tuple[str, CellResult]]:
 
 def one_machine(cells: list[tuple[str, CellResult]] | None = None) -> tuple[CellResult, CellResult]:
     """fast's and Unsloth's fastest of one machine's cells (the latest run's unless given)."""
-    cells = cells or [(label, r) for label, r in _fused_cells() if r.ok]
+    cells = cells or [(label, r) for label, r in _refined_cells() if r.ok]
     fastest = lambda who: max((r for label, r in cells if label.startswith(who)), key=tok)  # noqa: E731
     return fastest("fast"), fastest("Unsloth")
 
@@ -186,7 +187,7 @@ def _fused_row(label: str, r: CellResult) -> list[str]:
 
 def _fused_section() -> str:
     cells = _fused_cells()
-    fast, unsloth = one_machine()
+    fast, unsloth = one_machine([(label, r) for label, r in cells if r.ok])
     x = tok(fast) / tok(unsloth)
     kept = round(32 * (1 - fast.config["train"]["checkpoint_fraction"]))
     summary = pytest_summary(f"{FUSED}/q35_fused_tests.txt").split(",")[0]
@@ -201,4 +202,38 @@ def _fused_section() -> str:
         md_table(head, [_fused_row(label, r) for label, r in cells]),
         f"fast over Unsloth on this machine, each at its fastest: {x:.3f}x (fast {layout_name(fast)}, {kept} layers "
         f"kept; Unsloth {layout_name(unsloth)}; target 1.15x: {'met' if x >= 1.15 else 'not met'}). Run dir: "
-        f"{link(FUSED)} (commit {commit(fast)}); how it ran: {link(FUSED + '/README.md')}."])
+        f"{link(FUSED)} (commit {commit(fast)}); how it ran: {link(FUSED + '/README.md')}.",
+        _refined_section()])
+
+
+REFINED = "2026-12-07f_h100_qwen35_r32_gemma4_oss"  # one machine: fast's search of 8 cells, then Unsloth's search
+
+
+def _refined_cells() -> list[tuple[str, CellResult]]:
+    """Unsloth's and fast's searched cells on the latest machine, each search's in the order it ran them."""
+    def ran(sweep: str) -> list[CellResult]:
+        return sorted((cell(p.parent.relative_to(RUNS).as_posix()) for p in (RUNS / REFINED / sweep).glob(
+            "[0-9]*/metrics.json")), key=lambda r: int(Path(r.dir).name))
+    return ([("Unsloth", r) for r in ran("qwen3.5-9b_unsloth_search")]
+            + [("fast", r) for r in ran("qwen3.5-9b_fast_refined")])
+
+
+def _refined_section() -> str:
+    fast, unsloth = one_machine()
+    b = {k: bests(f"{REFINED}/qwen3.5-9b_{s}")[k] for k, s in (("fast", "fast_refined"), ("unsloth", "unsloth_search"))}
+    x = tok(fast) / tok(unsloth)
+    best_ever = max((tok(r), r) for r in (unsloth, cell(f"{FUSED}/qwen3.5-9b_unsloth_b16")))[1]
+    head = ["one machine, four calls", "batch, layout", "tok/s", "peak GiB", "ms a step: " + " / ".join(SHARES)]
+    return "\n\n".join([
+        f"Then, on a third {gpu(fast)} (calls back to back), each backend searched on the same machine: fast over "
+        f"half and all of its layers recomputed with the fractions between left to refine "
+        f"(`search.refine_layouts`, {b['fast'].measured} cells, batches "
+        f"{', '.join(map(str, fast.config['search']['batches']))}), then Unsloth from b16 up (its checkpointing off "
+        f"was skipped before any cell, estimated over twice the budget; {b['unsloth'].measured} cell measured "
+        f"before the sweep's deadline: each of its cells first compiles every decoder layer).",
+        md_table(head, [_fused_row(label, r) for label, r in _refined_cells()]),
+        f"fast over Unsloth on this machine, each at its searched best: {x:.3f}x (fast {layout_name(fast)}, Unsloth "
+        f"{layout_name(unsloth)}; target 1.15x: {'met' if x >= 1.15 else 'not met'}). Over Unsloth's fastest cell "
+        f"on either of the last two machines ({layout_name(best_ever)}, {tok(best_ever):,.0f} tok/s): "
+        f"{tok(fast) / tok(best_ever):.3f}x. Run dir: {link(REFINED)} (commit {commit(fast)}); how it ran: "
+        f"{link(REFINED + '/README.md')}."])

@@ -63,7 +63,11 @@ def failed(sweep: str) -> str:
         return "not run"
     if all(r["status"] == "oom" for r in results):
         peaks = ", ".join(f"{r['metrics']['mem/peak_reserved_gib']:.1f}" for r in results)
-        return f"every cell ran out of memory ({len(results)} cells, peak reserved {peaks} GiB)"
+        asked = sorted({m.group(1) for r in results if (m := re.search(r"Tried to allocate ([\d.]+ [GM]iB)",
+                                                                         r.get("error") or ""))})
+        n = len(results)
+        return (f"every cell ran out of memory ({n} cell{'s' if n > 1 else ''}, peak reserved {peaks} GiB"
+                + (f"; asking for {' or '.join(asked)} more)" if asked else ")"))
     error = results[0]["error"]
     return re.sub(r"^RuntimeError: rank 0 of 1: |\s*\(torchrun exit code.*$", "", error)
 
