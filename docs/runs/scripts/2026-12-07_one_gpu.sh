@@ -41,6 +41,10 @@
 #      between (search.refine_layouts); cut by a call's deadline, the same step in the next call resumes it
 #  25  Qwen3.5-9B Unsloth's search of 4 cells from b16 up, its checkpointing on with the inputs on the GPU or
 #      offloaded (its memory model now fits its checkpointed peaks: b24 to b48 estimated to fit, none measured yet)
+#  26  LoRA r32 on every linear layer at 4,096 on one machine: Unsloth's search of 3 cells (batches 1, 2, 4), then fast
+#      at the layout its wider search found best (b2, 5/8 of the layers recomputed)
+#  27  Qwen3.5-9B on one machine: Unsloth b16 (its fastest cell so far), then fast b6 with half its layers kept (its
+#      search's best)
 #  11  2,000 ShareGPT conversations packed into rows of 2,048 tokens within 22 GiB (Mistral-7B): fast, and Unsloth
 #      through its own padding-free path (carry .gpudata: the conversations)
 set -u
@@ -178,6 +182,18 @@ step25() {
   no_fla; sweep 0 qwen3.5-9b_unsloth_search $search model=qwen3.5-9b data=synthetic search.max_cells=4 \
     search.batches=[16,24,32,48] backend=unsloth
   local rc=$?; with_fla; return $rc
+}
+step26() {
+  local wide="-m +experiment=tune train.max_steps=10 train.untimed_steps=3 seq_len=4096 gpu=a10 lora=all_linear"
+  local one="-m +experiment=seed_optimum train.max_steps=10 train.untimed_steps=3 seq_len=4096 gpu=a10 lora=all_linear"
+  sweep 0 mistral-7b_all_linear_r32_4k_unsloth $wide lora.r=32 lora.alpha=64 search.max_cells=3 search.batches=[1,2,4] \
+    backend=unsloth || return
+  sweep 0 mistral-7b_all_linear_r32_4k_fast_b2 $one lora.r=32 lora.alpha=64 batch=2 train.gradient_checkpointing=true \
+    train.checkpoint_fraction=0.625 backend=fast
+}
+step27() {
+  no_fla; sweep 0 qwen3.5-9b_unsloth_b16 $q35 batch=16 backend.unsloth_offload=false backend=unsloth
+  kept 6 0.5
 }
 step12() {
   with_fla
