@@ -9,6 +9,7 @@ import torch
 from conftest import FAST, read_result, read_steps, run_cli, run_in_process
 
 from lorabench.report.page import write_report
+from lorabench.sweep import sweeper
 
 
 @pytest.fixture(scope="module")
@@ -177,6 +178,22 @@ def test_out_of_memory_is_recorded_as_oom(tmp_path, monkeypatch):
     result = run_in_process(FAST, tmp_path)
     assert result.status.value == "oom" and "Tried to allocate 2.00 GiB" in result.error
     assert read_result(tmp_path)["status"] == "oom"
+    # its model never built, and the one line says so: a search stops here (no batch or layout holds less)
+    assert result.error.startswith("while the model was built: CUDA out of memory") and sweeper.at_load(result)
+
+
+def test_out_of_memory_in_a_step_is_told_from_one_while_the_model_is_built(tmp_path, monkeypatch):
+    """An OOM in the first training step is the batch's or the layout's: a search goes on to a smaller batch or a
+    layout that holds less."""
+    from lorabench.run.trainer import MeasuredTrainer
+
+    def oom(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 64.00 MiB")
+
+    monkeypatch.setattr(MeasuredTrainer, "training_step", oom)
+    result = run_in_process(FAST, tmp_path)
+    assert result.status.value == "oom" and result.error.startswith("CUDA out of memory")
+    assert result.metrics["count/steps_done"] == 0 and not sweeper.at_load(result)
 
 
 @pytest.mark.parametrize("overrides", [

@@ -87,6 +87,10 @@ def test_a_model_that_fits_its_whole_window_and_one_that_fits_nothing_say_so():
     out = max_context(space(gpu, error=0.1), gpu.measure)
     assert out.ceiling.longest_ok is None and gpu.calls[-1] == (1024, "oom") and len(gpu.calls) <= 8
     assert out.ceiling.stop == "nothing fits: search.min_seq_len=1,024 ran out of memory"
+    # out of memory while its model was built: no shorter row holds less, the first such cell ends the search
+    out = max_context(space(LongGpu(), error=0.1), lambda layout, seq: Measured("oom", None, 21.9, job=0, at_load=True))
+    assert len(out.trials) == 1 and out.ceiling.longest_ok is None
+    assert out.ceiling.stop == "nothing fits: cell 0 ran out of memory while its model was built"
 
 
 def test_a_failed_or_skipped_cell_ends_the_search_with_its_reason_and_the_cap_holds():

@@ -426,6 +426,18 @@ def test_the_answer_names_a_search_of_which_no_cell_ran_and_why():
     assert "no hf search among these cells" not in text
 
 
+def test_an_oom_while_the_model_is_built_ends_the_search():
+    """No batch or layout holds less than the model being built: after such a cell the search stops and says
+    why; an OOM in a step (at_load false) lowers the batch as before."""
+    gpu = Gpu()
+    out = search(Space(layouts(gpu.per_sample), BATCHES, 22.0, 5.0),
+                 lambda L, b: Measured("oom", None, 21.9, job=0, at_load=True))
+    assert [t.job for t in out.trials if t.job is not None] == [0] and out.best is None
+    assert "cell 0 ran out of memory while its model was built" in out.why
+    in_step = search(Space(layouts(gpu.per_sample), BATCHES, 22.0, 5.0), gpu.measure)
+    assert len(gpu.calls) > 1 and in_step.best is not None
+
+
 def test_two_failed_cells_in_a_row_stop_a_search():
     calls = []
 

@@ -33,6 +33,9 @@ RESULT_FILE = "metrics.json"
 CONFIG_FILE = "cell_config.yaml"  # in a cell dir run by lorabench.run.distributed: its resolved config, for each rank
 SEARCH_SWEEPER = "lorabench_search.BudgetSearch"  # hydra.sweeper._target_ of a search (+experiment=tune)
 CELLS_FILE = "cells.json"  # in a sweep dir: every cell's overrides, written by the preflight
+# An out-of-memory error's first words where the model's build ran out (its weights, adapters and upcasts, before the
+# training loop): no batch or layout of a search holds less (lorabench.sweep.sweeper.at_load)
+OOM_AT_BUILD = "while the model was built: "
 
 
 class Status(str, Enum):

@@ -21,7 +21,7 @@ from transformers import PrinterCallback, TrainerCallback, TrainingArguments
 from lorabench.builders import data, modeling
 from lorabench.core.config import QUANTISED, Backend, Config, GpuConfig, Precision
 from lorabench.core.devices import setup_device
-from lorabench.core.results import CellInterrupted, CellResult, atomic_write_text
+from lorabench.core.results import OOM_AT_BUILD, CellInterrupted, CellResult, atomic_write_text
 from lorabench.fast import parts
 from lorabench.measure import quality
 from lorabench.measure.loggers import MetricLogger
@@ -144,7 +144,10 @@ def build_model(c: Config, device: torch.device, result: CellResult):
     """(model, its parameter counts): base weights at the cell's precision, then LoRA adapters;
     what was built goes into result.model."""
     t0 = time.perf_counter()
-    model, weights, (checkpointed, offloaded) = build_trainable_model(c, device)
+    try:
+        model, weights, (checkpointed, offloaded) = build_trainable_model(c, device)
+    except torch.OutOfMemoryError as e:  # said so: a search then stops (lorabench.sweep.sweeper.at_load)
+        raise torch.OutOfMemoryError(OOM_AT_BUILD + str(e)) from e
     load_s = time.perf_counter() - t0
     params = modeling.count_params(model)
     arch = modeling.Architecture.from_hf_config(model.config)

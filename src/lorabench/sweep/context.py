@@ -172,6 +172,8 @@ class ContextSearch:
             self.moves.append((m.status, seq - ok.seq_len if m.status == "ok" else oom.seq_len - seq))
         if m.last:
             self.stopped = self.out.cut_short = f"the sweep stopped after cell {t.job} ({m.last})"
+        elif m.status == "oom" and m.at_load:  # before its first step: no shorter row holds less
+            self.stopped = f"nothing fits: cell {t.job} ran out of memory while its model was built"
         elif m.status not in ("ok", "oom"):
             self.stopped = f"cell {t.job} at seq {seq:,} {m.status}: {m.error or 'no reason given'}"
         return t

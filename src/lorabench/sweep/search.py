@@ -41,7 +41,8 @@ How cells are chosen (`search`):
      budget and, before any cell is measured, a layout whose smallest batch the raw model puts over twice
      the budget (the raw model is within 2x of the measured peaks). A layout is skipped when one that saves
      less memory reached its plateau or the top of the ladder (saving more memory only buys a larger batch,
-     which no longer pays), or when it would fit no larger batch than such a layout's best.
+     which no longer pays), or when it would fit no larger batch than such a layout's best. A cell out of
+     memory while its model was built (before its first step) ends the search: no batch or layout holds less.
   4. With cells to spare (hf, fast): a layout halfway, in layers recomputed, between the fastest cell's and its
      nearest neighbour, climbed as the others; again around the fastest, search.refine_layouts at most (`refine`).
   5. The best is the fastest measured cell (non-pad tokens/s); search.json says why it won.
@@ -109,6 +110,9 @@ class Measured:
     device_gib: Optional[float] = None  # mem/device_total_gib: the budget when the gpu option names none
     last: str = ""  # why the sweep ends after this cell (SIGTERM, Ctrl-C, sweep.deadline_s): its result counts
     tok_s_p50: Optional[float] = None  # the same tokens a step over the median step (lorabench.report.analysis)
+    # out of memory while its model was built, before the training loop began (no steps.jsonl): the weights,
+    # adapters and upcasts, which no batch or layout of a search changes
+    at_load: bool = False
 
 
 @dataclass
@@ -135,6 +139,7 @@ class Outcome:
     stops: dict = field(default_factory=dict)  # layout label -> why its climb ended
     budget_gib: Optional[float] = None
     cut_short: str = ""  # why the search ended before its space or cap did (the sweep was stopped)
+    at_load: Optional[int] = None  # the cell that ran out of memory while its model was built (the search ends)
 
 
 Measure = Callable[[Layout, int], Measured]
@@ -247,6 +252,10 @@ class Search:
         if m.last:
             self.stopped, self.out.cut_short = True, f"the sweep stopped after cell {t.job} ({m.last})"
             self.log(f"search stopped: {self.out.cut_short}; the same command resumes it")
+        elif m.status == "oom" and m.at_load:
+            self.stopped, self.out.at_load = True, t.job
+            self.log(f"search stopped: cell {t.job} ran out of memory while its model was built, before its first "
+                     "step: no batch or layout of this search holds less")
         elif m.status in ("skipped", "interrupted") or failed == [True, True]:
             self.stopped = True
             self.log(f"search stopped: cell {t.job} {m.status}" + (" twice in a row" if m.status == "failed" else ""))
@@ -361,6 +370,9 @@ def climb(st: Search, L: Layout) -> None:
         if st.out.cut_short:
             st.out.stops[L.label] = "cut short"
             return
+        if st.out.at_load is not None:
+            st.out.stops[L.label] = "out of memory while the model was built"
+            return
         if t.status == "oom":
             ok = max((x.batch for x in st.done(L, "ok")), default=0)
             lower = [c for c in cands if ok < c < b and c >= known]  # known: fits, its throughput not yet measured
@@ -434,6 +446,8 @@ def best_and_why(st: Search) -> None:
     n = sum(t.job is not None for t in st.out.trials)
     if not ok:
         st.out.why = f"no cell fitted or ran among the {n} measured" + \
+            (f"; cell {st.out.at_load} ran out of memory while its model was built, which no batch or layout "
+             "changes" if st.out.at_load is not None else "") + \
             (f"; cut short: {st.out.cut_short}" if st.out.cut_short else "")
         return
     best = st.out.best = ok[0]

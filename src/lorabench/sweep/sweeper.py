@@ -12,6 +12,7 @@ from hydra.plugins.sweeper import Sweeper
 
 from lorabench.core.results import (
     CELLS_FILE,
+    OOM_AT_BUILD,
     RESULT_FILE,
     SearchRecord,
     atomic_write_json,
@@ -30,6 +31,12 @@ from lorabench.sweep.search import (
     search_keys,
     space_for,
 )
+
+
+def at_load(r) -> bool:
+    """An out-of-memory cell whose model's build ran out (its weights, adapters and upcasts), before any step: its
+    error says so (OOM_AT_BUILD, after a DDP rank's "rank 0 of 1: " where it ran in a process of its own)."""
+    return r.status.value == "oom" and OOM_AT_BUILD in (r.error or "")
 
 
 def earlier_oom(run_dir: Path, overrides: list[str]) -> Measured | None:
@@ -51,7 +58,8 @@ def earlier_oom(run_dir: Path, overrides: list[str]) -> Measured | None:
     print(f"cell {r.job_num}: out of memory in an earlier run of this search ({run_dir / RESULT_FILE}): "
           "not run again", file=sys.stderr)
     m = r.metrics
-    return Measured("oom", None, m.get("mem/peak_reserved_gib"), r.job_num, r.error, m.get("mem/device_total_gib"))
+    return Measured("oom", None, m.get("mem/peak_reserved_gib"), r.job_num, r.error, m.get("mem/device_total_gib"),
+                    at_load=at_load(r))
 
 
 class BudgetSearch(Sweeper):
@@ -206,4 +214,4 @@ class BudgetSearch(Sweeper):
         m = r.metrics
         tok = m.get("perf/tokens_per_s") if r.ok else None
         return Measured(r.status.value, tok, m.get("mem/peak_reserved_gib"), job, r.error,
-                        m.get("mem/device_total_gib"), last, p50_tokens_per_s(m) if tok else None)
+                        m.get("mem/device_total_gib"), last, p50_tokens_per_s(m) if tok else None, at_load(r))
