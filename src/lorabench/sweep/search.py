@@ -110,7 +110,7 @@ class Measured:
     device_gib: Optional[float] = None  # mem/device_total_gib: the budget when the gpu option names none
     last: str = ""  # why the sweep ends after this cell (SIGTERM, Ctrl-C, sweep.deadline_s): its result counts
     tok_s_p50: Optional[float] = None  # the same tokens a step over the median step (lorabench.report.analysis)
-    # out of memory while its model was built, before the training loop began (no steps.jsonl): the weights,
+    # out of memory while its model was built, before any step (its error says so: sweeper.at_load): the weights,
     # adapters and upcasts, which no batch or layout of a search changes
     at_load: bool = False
 
