@@ -179,7 +179,8 @@ def estimates(sweep: str):
 
 
 @pytest.mark.parametrize("sweep", ["2026-12-06_h100_recipes/mistral-7b_all_linear_fast",
-                                   "2026-12-07e_h100_qwen35_fused_r32/mistral-7b_all_linear_r32_4k_fast"])
+                                   "2026-12-07e_h100_qwen35_fused_r32/mistral-7b_all_linear_r32_4k_fast",
+                                   "2026-12-07f_h100_qwen35_r32_gemma4_oss/mistral-7b_all_linear_r32_4k_fast_wide"])
 def test_adapters_on_the_mlp_keep_their_inputs_as_fast_s_measured_peaks_say(sweep):
     """LoRA on every linear layer, fast (no PEFT dropout copies): the MLP's adapters keep their inputs, hidden +
     14,336 values a token a kept layer (without them the model put these cells 20% under their peaks, at batch 2
@@ -196,12 +197,13 @@ def test_adapters_on_the_mlp_keep_their_inputs_as_fast_s_measured_peaks_say(swee
 
 
 @pytest.mark.parametrize("sweep", ["2026-11-26_gaps/sg_s512_hf", "2026-11-26_gaps/m7_s2048_a10_hf",
-                                   "2026-12-06_h100_recipes/mistral-7b_all_linear_hf"])
+                                   "2026-12-06_h100_recipes/mistral-7b_all_linear_hf",
+                                   "2026-12-07f_h100_qwen35_r32_gemma4_oss/mistral-7b_all_linear_r32_4k_hf"])
 def test_hf_s_kept_layers_are_fp32_as_its_measured_peaks_say(sweep):
     """hf under QLoRA's upcast keeps a layer's activations and PEFT's dropout copies in fp32 (bitsandbytes' layers
     return the fp32 residual stream's dtype): with them at 2 bytes the model put hf's cells that keep layers 25% under
     their peaks, and its searches started on batches that ran out of memory. Each cell of hf's searches in these run
-    dirs (Mistral-7B within 22 GiB on an H100: seq 512 and 2048, q/k/v/o; seq 1024, every linear layer), kept,
+    dirs (Mistral-7B within 22 GiB on an H100: seq 512 and 2048, q/k/v/o; seq 1024 and 4096, every linear layer), kept,
     recomputed or offloaded, within 16% of its measured peak (half the layers recomputed is the farthest: 15% under),
     an out-of-memory cell's peak being at least the budget."""
     for m, result, c, peak in estimates(sweep):
@@ -229,7 +231,8 @@ def test_qwen3_5_s_linear_attention_puts_each_measured_cell_on_its_side_of_the_b
 
 @pytest.mark.parametrize("sweep", ["2026-11-26_four/llama-3.1-8b_unsloth", "2026-11-26_gaps/gemma-2-9b_unsloth",
                                    "2026-12-06_h100_recipes/mistral-7b_all_linear_unsloth",
-                                   "2026-12-07c_h100_qwen35_unsloth/qwen3.5-9b_unsloth"])
+                                   "2026-12-07c_h100_qwen35_unsloth/qwen3.5-9b_unsloth",
+                                   "2026-12-07f_h100_qwen35_r32_gemma4_oss/qwen3.5-9b_unsloth_search"])
 def test_unsloth_s_measured_peaks_fit_its_own_parts(sweep):
     """Unsloth casts its adapters alone to fp32 (embeddings and head stay bf16: 2 GiB less on Llama-3.1-8B than under
     QLoRA's upcast), its fused loss is gone before the layers' backward, its LoRA kernels keep dropout masks, o_proj's
