@@ -174,23 +174,37 @@ def test_unsloth_cell_runs_in_a_process_of_its_own(tmp_path, monkeypatch):
 
 def test_saved_random_init_loads_as_the_same_model_and_tokenizer(tmp_path, monkeypatch):
     """What Unsloth's loader reads (from_pretrained on a directory): the random initialisation of
-    train.seed, and a tokenizer.json that encodes as lorabench's tokenizer does; written once."""
+    train.seed, drawn one weight at a time as lorabench's own loads draw it (never the whole model on the device),
+    and a tokenizer.json that encodes as lorabench's tokenizer does; written once."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     monkeypatch.setenv("LORABENCH_CACHE", str(tmp_path))
+    monkeypatch.setattr(modeling, "random_init", None)  # the whole model built at once: not called
     c = OmegaConf.to_object(compose_cfg(["train.seed=7"]))
     cpu = torch.device("cpu")
     torch.manual_seed(7)
     path = backends.saved_random_init(c, cpu)
     assert path.parent == tmp_path / "random_init" and not list(tmp_path.glob("random_init/*.tmp*"))
-    loaded = AutoModelForCausalLM.from_pretrained(path).state_dict()
+    loaded = AutoModelForCausalLM.from_pretrained(path)
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(loaded.config)
     torch.manual_seed(7)
-    fresh = modeling.random_init(c.model, cpu, torch.bfloat16).state_dict()
-    assert loaded.keys() == fresh.keys() and all(torch.equal(loaded[k], fresh[k]) for k in fresh)
+    fresh = {k: w[...] for k, w in modeling.random_state_dict(skeleton, cpu).items()}
+    assert loaded.dtype == torch.bfloat16 and loaded.state_dict().keys() == fresh.keys()
+    assert all(torch.equal(loaded.state_dict()[k], fresh[k]) for k in fresh)
     tok, ours = AutoTokenizer.from_pretrained(path), modeling.build_tokenizer(c.model)
     text = "Profile before optimising: 1.88x samples/s, tokens/s ~flat. Ünïcödé ✓"
     assert len(tok) == 32768
     assert tok(text, add_special_tokens=False).input_ids == ours.encode(text, add_special_tokens=False)
+    # a model past one shard: its weights in several files and their index, loaded as one model
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    torch.manual_seed(7)
+    modeling.save_random_weights(c.model, cpu, shards, shard_gib=0.001)
+    index = json.loads((shards / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1
+    sharded = AutoModelForCausalLM.from_pretrained(shards).state_dict()
+    assert all(torch.equal(sharded[k], fresh[k]) for k in fresh)
     stamp = (path / "model.safetensors").stat().st_mtime_ns
     assert backends.saved_random_init(c, cpu) == path and (path / "model.safetensors").stat().st_mtime_ns == stamp
     other = OmegaConf.to_object(compose_cfg(["train.seed=8"]))

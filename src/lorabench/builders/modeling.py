@@ -216,6 +216,38 @@ def random_state_dict(skeleton, device: torch.device, later: bool = False) -> di
     return weights
 
 
+def save_random_weights(model_cfg: ModelConfig, device: torch.device, path: Path, shard_gib: float = 2.0) -> None:
+    """The model's random weights (random_state_dict's draws, in its order, each drawn on `device` and moved to host
+    memory) saved as safetensors shards of at most shard_gib with their index, and its config: what a loader that
+    reads only a directory takes. One weight is on the device at a time, so a model larger than a cell's budget
+    (Gemma-4-31B: 57 GiB in bf16, within 22) is saved within it."""
+    import json
+
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(hf_config(model_cfg), dtype=torch.bfloat16)
+    weights = random_state_dict(skeleton, device)
+    shards, size = [[]], 0.0  # names per shard, laid out from the shapes before any draw
+    for name, w in weights.items():
+        nbytes = w.shape.numel() * w.dtype.itemsize
+        if shards[-1] and size + nbytes > shard_gib * 2**30:
+            shards.append([])
+            size = 0.0
+        shards[-1].append(name)
+        size += nbytes
+    files = ["model.safetensors"] if len(shards) == 1 else \
+        [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    for names, file in zip(shards, files):
+        save_file({n: weights[n][...].to("cpu") for n in names}, str(path / file), metadata={"format": "pt"})
+    if len(shards) > 1:
+        total = sum(w.shape.numel() * w.dtype.itemsize for w in weights.values())
+        index = {"metadata": {"total_size": total}, "weight_map": {n: f for ns, f in zip(shards, files) for n in ns}}
+        (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    skeleton.config.save_pretrained(path)
+
+
 def vector_fill(model, name: str) -> float:
     """The value a 1-D weight starts at: 0 for a norm that scales by (1 + w) (its forward says so), else 1."""
     import inspect

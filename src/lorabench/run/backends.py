@@ -233,10 +233,11 @@ def saved_random_init(c: Config, device: torch.device) -> Path:
     # A directory of this process's own: cells of other processes (one per GPU) may save the same model at once.
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    model = modeling.random_init(c.model, device, torch.bfloat16)
-    model.save_pretrained(tmp)
-    del model
-    torch.cuda.empty_cache()
+    tmp.mkdir(parents=True)
+    modeling.save_random_weights(c.model, device, tmp)
+    if device.type == "cuda":  # the draws are not the cell's: its peak is the loader's and the steps'
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
     if modeling.save_fast_tokenizer(c.model, tmp, stand_in=c.data.kind is DataKind.synthetic):
         log.info("model=%s has no tokenizer offline: Unsloth's loader gets a stand-in with its vocabulary size and "
                  "special ids (modeling.stand_in_tokenizer; data=synthetic encodes no text)", c.model.name)

@@ -66,8 +66,10 @@ def within_budget() -> str:
         md_table(["model", "fast's best", "hf", "Unsloth"], rows),
         f"On Gemma-4-31B only fast trained within the budget. hf's cells asked for the size of its "
         f"{m['vocab_size']:,} x {m['hidden_size']:,} embedding (tied to the head) in fp32, {embed_gib:.2f} GiB, which "
-        "PEFT's QLoRA upcast casts to fp32; "
-        "Unsloth's stopped at the same peak at every batch, before a step. gpt-oss-20b's fast and hf cells stopped "
+        "PEFT's QLoRA upcast casts to fp32. Unsloth's cells, Gemma-4's and gpt-oss's, never reached Unsloth: "
+        "lorabench built the whole random model in bf16 on the GPU to save it for Unsloth's loader (Gemma-4-31B: "
+        f"{fast.cell.model['base_matmul'] * 2 / 2**30:.0f} GiB of matmul weights alone), past the budget; it is now "
+        "drawn and saved one weight at a time (tests/run/test_backends.py). gpt-oss-20b's fast and hf cells stopped "
         "before a weight was placed: transformers' loader reserved one block for every weight, counting the experts "
         "drawn later at bf16, above the budget (the loader no longer reserves it; tests/models/test_experts_nf4.py). "
         "The family GPU test of gpt-oss and its experts in nf4 on this machine: "
