@@ -185,6 +185,7 @@ def test_saved_random_init_loads_as_the_same_model_and_tokenizer(tmp_path, monke
     torch.manual_seed(7)
     path = backends.saved_random_init(c, cpu)
     assert path.parent == tmp_path / "random_init" and not list(tmp_path.glob("random_init/*.tmp*"))
+    assert (path / "generation_config.json").is_file()  # as save_pretrained would write it
     loaded = AutoModelForCausalLM.from_pretrained(path)
     with torch.device("meta"):
         skeleton = AutoModelForCausalLM.from_config(loaded.config)

@@ -246,6 +246,8 @@ def save_random_weights(model_cfg: ModelConfig, device: torch.device, path: Path
         index = {"metadata": {"total_size": total}, "weight_map": {n: f for ns, f in zip(shards, files) for n in ns}}
         (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     skeleton.config.save_pretrained(path)
+    if skeleton.can_generate():  # as save_pretrained writes it: loaders read it beside the config
+        skeleton.generation_config.save_pretrained(path)
 
 
 def vector_fill(model, name: str) -> float:
