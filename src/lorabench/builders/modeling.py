@@ -229,20 +229,19 @@ def save_random_weights(model_cfg: ModelConfig, device: torch.device, path: Path
     with torch.device("meta"):
         skeleton = AutoModelForCausalLM.from_config(hf_config(model_cfg), dtype=torch.bfloat16)
     weights = random_state_dict(skeleton, device)
-    shards, size = [[]], 0.0  # names per shard, laid out from the shapes before any draw
+    shards, size, total = [[]], 0, 0  # names per shard, laid out from the shapes before any draw
     for name, w in weights.items():
         nbytes = w.shape.numel() * w.dtype.itemsize
         if shards[-1] and size + nbytes > shard_gib * 2**30:
             shards.append([])
-            size = 0.0
+            size = 0
         shards[-1].append(name)
-        size += nbytes
+        size, total = size + nbytes, total + nbytes
     files = ["model.safetensors"] if len(shards) == 1 else \
         [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     for names, file in zip(shards, files):
         save_file({n: weights[n][...].to("cpu") for n in names}, str(path / file), metadata={"format": "pt"})
     if len(shards) > 1:
-        total = sum(w.shape.numel() * w.dtype.itemsize for w in weights.values())
         index = {"metadata": {"total_size": total}, "weight_map": {n: f for ns, f in zip(shards, files) for n in ns}}
         (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     skeleton.config.save_pretrained(path)
