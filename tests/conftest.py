@@ -1,5 +1,6 @@
 import copy
 import functools
+import gc
 import json
 import os
 import subprocess
@@ -29,9 +30,30 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
 CONF = REPO / "conf"
+
+
+def pytest_collection_finish(session):
+    """Every test module is imported by now: the objects they made (torch, transformers, PEFT and their
+    registries) are kept out of the garbage collector's full passes. HF's Trainer collects at the start of every
+    cell's training (accelerate's free_memory), and in a test worker that holds every module a full pass costs
+    ~0.3 s a cell; a process that runs one cell, as train.py does, holds a fraction of those objects."""
+    gc.freeze()
+
+
 # A few steps are enough to exercise every part of a cell; the default task test runs the full default.
 FAST = ["train.max_steps=6", "train.untimed_steps=2", "data.max_samples=64"]
 from lorabench.models.families import TINY_SHAPE  # noqa: E402  (the tiny checkpoints' shape, one home)
+
+
+def breadth(values, quick):
+    """`values` for pytest.mark.parametrize, those not in `quick` in the slow tier. A test that repeats one
+    check over every option, family or run dir runs in `make test` on `quick`, a case of each kind it tells
+    apart; `make test-all` and CI run every case."""
+    values = list(values)
+    missing = [q for q in quick if q not in values]
+    assert not missing, f"quick cases not among the values: {missing}"
+    return [v if v in quick else pytest.param(*(v if isinstance(v, tuple) else (v,)), marks=pytest.mark.slow)
+            for v in values]
 
 
 def tiny_config(model_type: str, **shape):

@@ -42,7 +42,7 @@ def test_hardware_suite(tmp_path, caplog):
     assert r.metrics["hw/matmul_bf16_best_of_peak"] is None  # no datasheet for a CPU: no made-up fraction
 
 
-@pytest.mark.slow  # make test-slow (CI runs it): kept out of make test's 3 minutes on 2 cores
+@pytest.mark.slow  # make test-slow (CI runs it): kept out of make test's 150 s on 2 cores
 def test_help_lists_suites_examples_and_the_bench_groups_only():
     out = run_cli("bench.py", ["--help"]).stdout
     for suite in Suite:

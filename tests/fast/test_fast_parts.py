@@ -161,7 +161,7 @@ def test_lean_step_clears_only_trainable_grads_and_walks_modules_on_a_mode_chang
     assert [model.num_parameters(exclude_embeddings=True) for _ in range(3)] == [40] * 3 and model.walks == 1
 
 
-@pytest.mark.slow  # make test-slow (CI runs it): kept out of make test's 3 minutes on 2 cores
+@pytest.mark.slow  # make test-slow (CI runs it): kept out of make test's 150 s on 2 cores
 def test_a_cell_with_lean_step_and_fused_mlp_trains_as_without_them(tmp_path, float64):
     """The tiny cell (float64, CPU): every step's loss equals the cell's without the two options within
     SAME_MATH. In fp32 the two trajectories part at round-off (1e-6 to 5e-6 over 8 steps on an AMD

@@ -60,7 +60,7 @@ def test_optimizers_that_are_not_elementwise_are_refused_by_name():
         checks.check_values(c)
 
 
-@pytest.mark.slow  # make test-slow (CI runs it): kept out of make test's 3 minutes on 2 cores
+@pytest.mark.slow  # make test-slow (CI runs it): kept out of make test's 150 s on 2 cores
 def test_a_cell_with_the_flat_optimizer_trains_as_without_it(tmp_path, monkeypatch):
     """The tiny model's adapters (2 layers x 4 projections x A, B; adamw_torch) in one tensor: the
     losses of every step equal those of the cell without it, so its gradients reached the update."""

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 
 import pytest
 import torch
-from conftest import REPO, compose_cfg, run_in_process, spy, tiny_config
+from conftest import REPO, breadth, compose_cfg, run_in_process, spy, tiny_config
 from omegaconf import OmegaConf
 
 from lorabench.builders import modeling
@@ -143,7 +143,11 @@ def test_every_option_has_a_published_size():
     assert names == set(PUBLISHED)
 
 
-@pytest.mark.parametrize("name", sorted(PUBLISHED))
+# make test: a dense model, a vision-language checkpoint's text model, a hybrid of linear attention, an MoE
+QUICK_OPTIONS = ("mistral-7b-v0.3", "gemma-3-12b", "qwen3.5-9b", "gpt-oss-20b")
+
+
+@pytest.mark.parametrize("name", breadth(sorted(PUBLISHED), QUICK_OPTIONS))
 def test_each_option_has_its_published_size(name):
     """The checkpoint's parameters (its model built on the meta device) within the published figure's
     rounding and equal to the published exact count; the text model's are lorabench's Architecture count."""
@@ -238,7 +242,12 @@ def checkpoints(tmp_path_factory):
     return root
 
 
-@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+# make test: the plain decoder, fused q/k/v (Phi-3), soft-capped eager attention (Gemma-2), linear attention
+# (Qwen3.5), an MoE with attention sinks (gpt-oss)
+QUICK_FAMILIES = ("llama", "phi3", "gemma2", "qwen3_5_text", "gpt_oss")
+
+
+@pytest.mark.parametrize("model_type", breadth(sorted(FAMILIES), QUICK_FAMILIES))
 def test_hf_trains_every_architecture(model_type, checkpoints, tmp_path, monkeypatch):
     """One hf cell on the checkpoint: ok, the loss falls (the same 4 rows every step: they are
     learnt), its attention is the one that computes the architecture's model, LoRA on q/k/v/o (Phi-3:
@@ -353,9 +362,10 @@ def test_chat_data_is_refused_without_an_offline_tokenizer(checkpoints, tmp_path
     assert tokenizers.tokenizer_file(nemo, architecture_of(nemo)).name == "tekken_240718.json"
 
 
-@pytest.mark.parametrize("name,model_type,vocab,hello", [
+@pytest.mark.parametrize("name,model_type,vocab,hello", breadth([
     ("llama3", "llama", 128256, [9906, 1917]), ("qwen2.5", "qwen2", 152064, [9707, 1879]),  # Qwen: one file
-    ("qwen3", "qwen3", 151936, [9707, 1879]), ("phi4", "phi3", 100352, [9906, 1917])])
+    ("qwen3", "qwen3", 151936, [9707, 1879]), ("phi4", "phi3", 100352, [9906, 1917])],
+    [("llama3", "llama", 128256, [9906, 1917])]))
 def test_packaged_tokenizers_encode_as_the_models_do(name, model_type, vocab, hello):
     """The BPE ranks a package ships, with the model's special tokens and chat template: "Hello world"
     as the published tokenizers encode it, and the labels keep exactly the answer and its end-of-turn token."""
@@ -405,7 +415,7 @@ def test_mfu_counts_active_experts_and_windows():
     assert summarize(steps, 1.0, params, as_json, GpuConfig(name="x"))["perf/model_tflops"] == m["perf/model_tflops"]
 
 
-@pytest.mark.parametrize("name", sorted(PUBLISHED))
+@pytest.mark.parametrize("name", breadth(sorted(PUBLISHED), QUICK_OPTIONS))
 def test_each_option_builds_with_its_published_keys(name):
     """The model group's config.json keys (rope scaling, windows, soft-caps, experts...) build its
     transformers model: at 2 layers of hidden 64 here, with every other key as published."""

@@ -76,7 +76,7 @@ def texts(fig):
             if t.get_visible() and t.get_text().strip() and id(t) not in hidden]
 
 
-@pytest.mark.slow  # make test-slow (CI runs it): kept out of make test's 3 minutes on 2 cores
+@pytest.mark.slow  # make test-slow (CI runs it): kept out of make test's 150 s on 2 cores
 def test_sixty_cells_with_long_names_stay_legible(tmp_path, monkeypatch):
     """No text is clipped by the figure's edge, none overlaps another, and every cell of the sweep
     is drawn, OOM, failed and skipped ones marked in words."""
@@ -108,7 +108,7 @@ def test_sixty_cells_with_long_names_stay_legible(tmp_path, monkeypatch):
     assert "mistral-7b-v0.3, nf4, GPU a10, data sharegpt, on NVIDIA H100 80GB HBM3, budget 22 GiB" in bars.get_suptitle()
 
 
-@pytest.mark.slow  # make test-slow (CI runs it): kept out of make test's 3 minutes on 2 cores
+@pytest.mark.slow  # make test-slow (CI runs it): kept out of make test's 150 s on 2 cores
 def test_a_2d_sweep_is_drawn_as_heatmaps_faceted_by_gpu(tmp_path, monkeypatch):
     figures = []
     monkeypatch.setattr(plots.plt, "close", lambda fig: figures.append(fig))

@@ -239,7 +239,7 @@ def test_without_a_profile_the_split_comes_from_the_flop_count():
     assert s.memory == pytest.approx(t - s.compute) and s.host == 0 and "FLOP count" in s.basis
 
 
-@pytest.mark.slow  # make test-slow (CI runs it): kept out of make test's 3 minutes on 2 cores
+@pytest.mark.slow  # make test-slow (CI runs it): kept out of make test's 150 s on 2 cores
 def test_every_gpu_sweep_report_projects_its_cells(tmp_path):
     copy(H200 / "diagnostic", tmp_path / "d")
     out = write_report(tmp_path / "d", ReportConfig())

@@ -351,7 +351,7 @@ def test_unsloth_packs_through_its_own_path_wherever_it_has_one_but_a_dense_mask
     assert backends.unsloth_rows(OmegaConf.to_object(compose_cfg(["backend=hf"])))[1] == {}
 
 
-@pytest.mark.slow  # make test-slow (CI runs it): kept out of make test's 3 minutes on 2 cores
+@pytest.mark.slow  # make test-slow (CI runs it): kept out of make test's 150 s on 2 cores
 def test_backend_sweep_report_compares_speed_and_loss_curves(tmp_path, float64):
     """A backend sweep on CPU (fast without its CUDA kernels and without packing, so both cells see
     the same batches; run in this process, laid out as a multirun's cells): the report names each

@@ -99,7 +99,7 @@ def test_two_node_cell_matches_one_process_at_the_doubled_batch(tmp_path):
     assert node1["status"] == "ok" and node1["dist"]["node"] == 1 and "perf/tokens_per_s" not in node1["metrics"]
 
 
-@pytest.mark.slow  # make test-slow (CI runs it): kept out of make test's 3 minutes on 2 cores
+@pytest.mark.slow  # make test-slow (CI runs it): kept out of make test's 150 s on 2 cores
 def test_one_process_launch_runs_the_worker_without_torchrun(tmp_path, monkeypatch):
     """The launcher's one-process mode (a backend=unsloth cell's own process): `python -m
     lorabench.run.worker <run dir>` as rank 0, no torchrun. The child is run here, in this process
@@ -168,7 +168,7 @@ def test_a_rank_s_oom_keeps_its_peak_and_the_device_size_in_the_cell_s_record(tm
     assert result.metrics == {"mem/peak_reserved_gib": 138.8, "mem/device_total_gib": 139.8}
 
 
-@pytest.mark.slow  # make test-slow (CI runs it): kept out of make test's 3 minutes on 2 cores
+@pytest.mark.slow  # make test-slow (CI runs it): kept out of make test's 150 s on 2 cores
 def test_an_unsloth_rank_imports_unsloth_before_what_it_patches(tmp_path):
     """Unsloth patches transformers, peft and trl as they are imported, and warns that it "may run slower" when
     transformers came first. lorabench.run.worker, the process of an Unsloth cell, imports unsloth before any of

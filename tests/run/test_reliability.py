@@ -83,7 +83,7 @@ def test_a_rerun_after_a_kill_before_any_checkpoint_starts_one_fresh_history(tmp
     assert [s["step"] for s in read_steps(run_dir)] == list(range(1, STEPS + 1)) and losses(run_dir) == expected
 
 
-@pytest.mark.slow  # make test-slow (CI runs it): kept out of make test's 3 minutes on 2 cores
+@pytest.mark.slow  # make test-slow (CI runs it): kept out of make test's 150 s on 2 cores
 def test_sigterm_then_rerun_resumes_exactly_and_a_finished_cell_is_not_rerun(tmp_path, expected, capsys):
     # SIGTERM without periodic checkpoints: one is written at the end of the current step
     termed = tmp_path / "termed"
@@ -108,7 +108,7 @@ def test_sigterm_then_rerun_resumes_exactly_and_a_finished_cell_is_not_rerun(tmp
     assert json.loads((termed / "metrics.json").read_text())["metrics"] == m
 
 
-@pytest.mark.slow  # make test-slow (CI runs it): kept out of make test's 3 minutes on 2 cores
+@pytest.mark.slow  # make test-slow (CI runs it): kept out of make test's 150 s on 2 cores
 def test_sigterm_in_a_step_that_outlives_the_grace_period_stops_it_and_the_rerun_resumes(tmp_path, expected):
     """train.sigterm_grace_s=0: the step under way is stopped at once (a step that takes minutes would
     be stopped this way after the grace period), no checkpoint is written for it, and the re-run resumes
@@ -160,7 +160,7 @@ def test_a_signal_during_cell_2_of_3_stops_the_sweep_after_it(tmp_path, sig):
     assert (sweep / "results.md").exists() and "Traceback" not in out + err and "KeyboardInterrupt" not in out + err
 
 
-@pytest.mark.slow  # make test-slow (CI runs it): kept out of make test's 3 minutes on 2 cores
+@pytest.mark.slow  # make test-slow (CI runs it): kept out of make test's 150 s on 2 cores
 def test_a_sweep_past_its_deadline_starts_no_cell_and_the_same_command_without_it_runs_the_rest(tmp_path):
     """sweep.deadline_s: after the first cell, the next, which would end past the deadline (1 ms),
     does not. Report and closing line written, exit code 4, nothing of the cells left behind; the same

@@ -327,7 +327,7 @@ class FileSizeLimited(Forked):
         super()._child(cwd, env)
 
 
-@pytest.mark.slow  # make test-slow (CI runs it): kept out of make test's 3 minutes on 2 cores
+@pytest.mark.slow  # make test-slow (CI runs it): kept out of make test's 150 s on 2 cores
 def test_train_py_under_a_file_size_limit_fails_in_one_line_with_whole_files(tmp_path):
     """The whole path as a user meets it: steps.jsonl outgrows the limit mid-run (8 KiB: 35 steps
     of ~230 bytes; metrics.json, ~6 KB, still fits). Exit 2, one line, no traceback on the console,
@@ -402,7 +402,7 @@ def test_cells_of_an_earlier_larger_sweep_stop_the_sweep(tmp_path):
     assert f"{tmp_path / '2'} holds a cell of an earlier sweep that is not a cell of this one" in proc.stderr
 
 
-@pytest.mark.slow  # make test-slow (CI runs it): kept out of make test's 3 minutes on 2 cores
+@pytest.mark.slow  # make test-slow (CI runs it): kept out of make test's 150 s on 2 cores
 def test_sweep_overwrite_moves_the_earlier_sweep_aside_and_runs(tmp_path):
     plant_cell(tmp_path, 0, ["lora.r=8"])
     sweep = ["-m", "batch=2,3", "train.max_steps=2", "train.untimed_steps=0", "data.max_samples=8", "seq_len=32",
@@ -536,7 +536,7 @@ def test_bench_report_of_a_result_of_the_wrong_shape_says_so(tmp_path):
         read_result(tmp_path / "metrics.json")
 
 
-@pytest.mark.slow  # make test-slow (CI runs it): kept out of make test's 3 minutes on 2 cores
+@pytest.mark.slow  # make test-slow (CI runs it): kept out of make test's 150 s on 2 cores
 def test_a_sweep_whose_report_cannot_be_written_exits_2_and_keeps_its_cells(tmp_path):
     """Every cell ok, the report unwritable (a folder stands where results.md goes): exit 2, one line
     naming why, and the cells' results kept (bench.py sweep_dir= writes the report once it can)."""

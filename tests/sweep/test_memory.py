@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from conftest import compose_cfg
+from conftest import breadth, compose_cfg
 from omegaconf import OmegaConf
 
 from lorabench.sweep.memory import GIB, UNSLOTH_LOSS_CAP, MemoryModel, Plan, plan_of
@@ -178,9 +178,11 @@ def estimates(sweep: str):
         yield m, result, c, MemoryModel.of(c).breakdown(plan_of(c), c.seq_len, c.batch).device
 
 
-@pytest.mark.parametrize("sweep", ["2026-12-06_h100_recipes/mistral-7b_all_linear_fast",
-                                   "2026-12-07e_h100_qwen35_fused_r32/mistral-7b_all_linear_r32_4k_fast",
-                                   "2026-12-07f_h100_qwen35_r32_gemma4_oss/mistral-7b_all_linear_r32_4k_fast_wide"])
+@pytest.mark.parametrize("sweep", breadth([
+    "2026-12-06_h100_recipes/mistral-7b_all_linear_fast",
+    "2026-12-07e_h100_qwen35_fused_r32/mistral-7b_all_linear_r32_4k_fast",
+    "2026-12-07f_h100_qwen35_r32_gemma4_oss/mistral-7b_all_linear_r32_4k_fast_wide"],
+    ["2026-12-06_h100_recipes/mistral-7b_all_linear_fast"]))
 def test_adapters_on_the_mlp_keep_their_inputs_as_fast_s_measured_peaks_say(sweep):
     """LoRA on every linear layer, fast (no PEFT dropout copies): the MLP's adapters keep their inputs, hidden +
     14,336 values a token a kept layer (without them the model put these cells 20% under their peaks, at batch 2
@@ -196,9 +198,10 @@ def test_adapters_on_the_mlp_keep_their_inputs_as_fast_s_measured_peaks_say(swee
         assert abs(peak / measured - 1) < 0.10, (m, peak, measured)
 
 
-@pytest.mark.parametrize("sweep", ["2026-11-26_gaps/sg_s512_hf", "2026-11-26_gaps/m7_s2048_a10_hf",
-                                   "2026-12-06_h100_recipes/mistral-7b_all_linear_hf",
-                                   "2026-12-07f_h100_qwen35_r32_gemma4_oss/mistral-7b_all_linear_r32_4k_hf"])
+@pytest.mark.parametrize("sweep", breadth([
+    "2026-11-26_gaps/sg_s512_hf", "2026-11-26_gaps/m7_s2048_a10_hf",
+    "2026-12-06_h100_recipes/mistral-7b_all_linear_hf",
+    "2026-12-07f_h100_qwen35_r32_gemma4_oss/mistral-7b_all_linear_r32_4k_hf"], ["2026-11-26_gaps/m7_s2048_a10_hf"]))
 def test_hf_s_kept_layers_are_fp32_as_its_measured_peaks_say(sweep):
     """hf under QLoRA's upcast keeps a layer's activations and PEFT's dropout copies in fp32 (bitsandbytes' layers
     return the fp32 residual stream's dtype): with them at 2 bytes the model put hf's cells that keep layers 25% under
@@ -244,10 +247,10 @@ def test_qwen3_5_through_fla_s_kernels_keeps_no_rule_chunks_as_fast_s_measured_p
             assert abs(peak / result["metrics"]["mem/peak_reserved_gib"] - 1) < 0.10, (m, peak)
 
 
-@pytest.mark.parametrize("sweep", ["2026-11-26_four/llama-3.1-8b_unsloth", "2026-11-26_gaps/gemma-2-9b_unsloth",
-                                   "2026-12-06_h100_recipes/mistral-7b_all_linear_unsloth",
-                                   "2026-12-07c_h100_qwen35_unsloth/qwen3.5-9b_unsloth",
-                                   "2026-12-07f_h100_qwen35_r32_gemma4_oss/qwen3.5-9b_unsloth_search"])
+@pytest.mark.parametrize("sweep", breadth([
+    "2026-11-26_four/llama-3.1-8b_unsloth", "2026-11-26_gaps/gemma-2-9b_unsloth",
+    "2026-12-06_h100_recipes/mistral-7b_all_linear_unsloth", "2026-12-07c_h100_qwen35_unsloth/qwen3.5-9b_unsloth",
+    "2026-12-07f_h100_qwen35_r32_gemma4_oss/qwen3.5-9b_unsloth_search"], ["2026-11-26_four/llama-3.1-8b_unsloth"]))
 def test_unsloth_s_measured_peaks_fit_its_own_parts(sweep):
     """Unsloth casts its adapters alone to fp32 (embeddings and head stay bf16: 2 GiB less on Llama-3.1-8B than under
     QLoRA's upcast), its fused loss is gone before the layers' backward, its LoRA kernels keep dropout masks, o_proj's

@@ -45,6 +45,8 @@
 #      at the layout its wider search found best (b2, 5/8 of the layers recomputed)
 #  27  Qwen3.5-9B on one machine: Unsloth b16 (its fastest cell so far), then fast b6 with half its layers kept (its
 #      search's best)
+#  28  Gemma-4-31B within 22 GiB, Unsloth's search alone (step 5's other backends measured: fast trains it, hf runs
+#      out of memory at load)
 #  11  2,000 ShareGPT conversations packed into rows of 2,048 tokens within 22 GiB (Mistral-7B): fast, and Unsloth
 #      through its own padding-free path (carry .gpudata: the conversations)
 set -u
@@ -194,6 +196,10 @@ step26() {
 step27() {
   no_fla; sweep 0 qwen3.5-9b_unsloth_b16 $q35 batch=16 backend.unsloth_offload=false backend=unsloth
   kept 6 0.5
+}
+step28() {
+  sweep 0 gemma-4-31b_unsloth $search model=gemma-4-31b data=synthetic search.max_cells=3 search.batches=[1,2,4] \
+    search.checkpoint_fractions=[1] backend=unsloth
 }
 step12() {
   with_fla
