@@ -20,7 +20,7 @@ import inspect
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import REPO, TINY_SHAPE, compose_cfg, requires_cuda, run_in_process, tiny_config
+from conftest import REPO, TINY_SHAPE, breadth, compose_cfg, requires_cuda, run_in_process, tiny_config
 from omegaconf import OmegaConf
 
 from lorabench.builders import modeling
@@ -67,6 +67,9 @@ REFUSED = {
     "granite": ("fused_add_norm computes Mistral's decoder layer", ["backend.fused_add_norm=false"]),
 }
 ARCHS = list(FAMILIES)
+# make test: the plain decoder, fused q/k/v (Phi-3), soft-capped eager attention (Gemma-2), linear attention
+# (Qwen3.5), routed experts (Qwen3-MoE), experts with attention sinks (gpt-oss); make test-all: every family
+QUICK_ARCHS = ("llama", "phi3", "gemma2", "qwen3_5_text", "qwen3_moe", "gpt_oss")
 
 
 @functools.lru_cache(maxsize=None)
@@ -319,7 +322,7 @@ def compare(model_type: str, hf_overrides, fast_overrides, device, dtype, rtol):
     return base
 
 
-@pytest.mark.parametrize("model_type", ARCHS)
+@pytest.mark.parametrize("model_type", breadth(ARCHS, QUICK_ARCHS))
 def test_fast_path_computes_the_architecture_s_model_on_cpu(same_masks, monkeypatch, model_type):  # noqa: F811
     """float64, LoRA dropout 0.1 (PEFT's masks and the fused path's from one source: tests/fast/test_fused.py),
     half the layers recomputed: logits, loss and every LoRA gradient within 1e-10 of hf's (see above);

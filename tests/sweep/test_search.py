@@ -5,7 +5,7 @@ import json
 import re
 
 import pytest
-from conftest import compose_cfg, run_cli
+from conftest import breadth, compose_cfg, run_cli
 from omegaconf import OmegaConf
 
 from lorabench.core.results import load_searches
@@ -542,7 +542,7 @@ def test_a_ratio_to_unsloth_without_its_varlen_kernel_is_labelled_so_never_best_
     assert "; 1.20x unsloth's best (b64" in answer(hf + fast + unsloth, searches)
 
 
-@pytest.mark.parametrize("seq_len", [1024, 16384, 32768])
+@pytest.mark.parametrize("seq_len", breadth([1024, 16384, 32768], [32768]))
 def test_tune_on_all_linear_lora_and_long_rows_proposes_only_cells_that_pass_the_checks(seq_len):
     """`+experiment=tune backend=fast,unsloth,hf gpu=a10 lora=all_linear seq_len=...`: the fixed memory counts the
     adapters of all seven projections; the long-context layouts (every layer recomputed with its input in host
