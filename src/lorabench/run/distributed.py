@@ -58,27 +58,29 @@ def remove_empty(ckpt_dir: Path) -> None:
         ckpt_dir.rmdir()
 
 
-def launch(c: Config, run_dir: Path, result: CellResult) -> dict:
-    """Runs the cell on c.train.nproc processes (on each of c.train.nnodes nodes) and returns the
-    aggregated metrics; on a node other than 0, an empty dict (node 0 adds all ranks up)."""
+def rendezvous_args(c: Config, node: int) -> list[str]:
+    """torchrun's rendezvous arguments for this node, once the node has the devices its ranks need."""
     n, nodes = c.train.nproc, c.train.nnodes
-    node = node_rank() if nodes > 1 else 0
     if nodes == 1:
-        rendezvous = ["--standalone"]
+        args = ["--standalone"]
     else:
         if not os.environ.get("MASTER_ADDR"):
             raise ValueError(f"train.nnodes={nodes} needs MASTER_ADDR, the address of node 0 (and MASTER_PORT, "
                              "default 29500) in the environment of every node")
-        rendezvous = [f"--nnodes={nodes}", f"--node-rank={node}", f"--master-addr={os.environ['MASTER_ADDR']}",
-                      f"--master-port={os.environ.get('MASTER_PORT', '29500')}"]
+        args = [f"--nnodes={nodes}", f"--node-rank={node}", f"--master-addr={os.environ['MASTER_ADDR']}",
+                f"--master-port={os.environ.get('MASTER_PORT', '29500')}"]
     if c.train.device.value != "cpu":
         available = torch.cuda.device_count()
         if available < n:
             raise ValueError(f"train.nproc={n} but this node has {available} CUDA device(s); use "
                              + (f"train.nproc <= {available}, or " if available else "train.nproc=1, or ")
                              + "train.device=cpu for CPU processes (gloo)")
-    # Data first, in this process: bad input fails before N model loads, and the tokenised cache
-    # is written once instead of by N ranks at the same time.
+    return args
+
+
+def prepare(c: Config, run_dir: Path, node: int) -> None:
+    """Data first, in this process: bad input fails before N model loads, and the tokenised cache is written once
+    instead of by N ranks at the same time; then the checkpoint the ranks resume from and the config they read."""
     tokenizer = modeling.build_tokenizer(c.model)
     data.build_dataset(c, tokenizer)
     if c.quality.on:  # the held-out rows' cache too
@@ -87,6 +89,15 @@ def launch(c: Config, run_dir: Path, result: CellResult) -> dict:
         fingerprint = checkpoints.fingerprint(checkpoints.config_of(c), data.identity(c))
         checkpoints.prepare(run_dir / "checkpoints", fingerprint, c.train.resume)
     atomic_write_text(run_dir / CONFIG_FILE, OmegaConf.to_yaml(OmegaConf.structured(c)))
+
+
+def launch(c: Config, run_dir: Path, result: CellResult) -> dict:
+    """Runs the cell on c.train.nproc processes (on each of c.train.nnodes nodes) and returns the
+    aggregated metrics; on a node other than 0, an empty dict (node 0 adds all ranks up)."""
+    n, nodes = c.train.nproc, c.train.nnodes
+    node = node_rank() if nodes > 1 else 0
+    rendezvous = rendezvous_args(c, node)
+    prepare(c, run_dir, node)
     world, mine = n * nodes, range(node * n, (node + 1) * n)  # this node's global ranks
     for r in mine:
         (run_dir / f"rank{r}.json").unlink(missing_ok=True)
