@@ -14,6 +14,7 @@ from hydra import compose, initialize_config_dir
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import OverrideParseException
 from omegaconf import OmegaConf
 
 import lorabench.core.config  # noqa: F401  (registers the schemas)
@@ -100,7 +101,7 @@ def value_overrides(overrides) -> list:
     other override, or one that does not parse, leaves them all to Hydra's compose."""
     try:
         parsed = OverridesParser.create().parse_overrides(list(overrides))
-    except Exception:
+    except OverrideParseException:
         return []
     values = [o for o in parsed if o.key_or_group not in GROUPS]
     plain = all(o.package is None and not o.is_sweep_override() and not o.is_delete() and not o.is_hydra_override()

@@ -8,7 +8,7 @@ processes than GPUs), test_gpu.py (a memory budget larger than the device)."""
 import json
 
 import pytest
-from conftest import FAST, breadth, compose_cfg, run_cli, run_in_process
+from conftest import FAST, compose_cfg, run_cli, run_in_process
 from hydra.errors import ConfigCompositionException, HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
@@ -38,12 +38,7 @@ SCHEMA_CASES = [
 ]
 
 
-# make test: a bound, a half-open interval, an empty list, a bound set by another key, a backend's option
-QUICK_SCHEMA = [c for c in SCHEMA_CASES if c[0] in ("seq_len=0", "lora.dropout=1.5", "lora.target_modules=[]",
-                                                    "train.untimed_steps=100", "backend.ce_chunk_mem=0")]
-
-
-@pytest.mark.parametrize("override,words", breadth(SCHEMA_CASES, QUICK_SCHEMA), ids=[c[0] for c in SCHEMA_CASES])
+@pytest.mark.parametrize("override,words", SCHEMA_CASES, ids=[c[0] for c in SCHEMA_CASES])
 def test_out_of_range_values_fail_at_composition(override, words):
     with pytest.raises((ValueError, ValidationError)) as e:
         OmegaConf.to_object(compose_cfg([override]))
@@ -170,15 +165,7 @@ CONTRACT_CASES = [
 ]
 
 
-# make test: a NaN, an infinity, a negative, a bound set by another key, a path of the wrong kind, undecodable bytes
-QUICK_CONTRACT = [c for c in CONTRACT_CASES if c[0] in (
-    ["optimizer.lr=nan"], ["gpu.price_per_hour=inf"], ["optimizer.weight_decay=-0.1"],
-    ["train.max_steps=5", "train.untimed_steps=5"], ["data=jsonl", "data.path={tmp}/a_dir"],
-    ["data=jsonl", "data.path={tmp}/latin1.jsonl"])]
-
-
-@pytest.mark.parametrize("overrides,words", breadth(CONTRACT_CASES, QUICK_CONTRACT),
-                         ids=[",".join(c[0]) for c in CONTRACT_CASES])
+@pytest.mark.parametrize("overrides,words", CONTRACT_CASES, ids=[",".join(c[0]) for c in CONTRACT_CASES])
 def test_bad_value_fails_the_cell_with_its_exit_code_and_one_line(tmp_path, capfd, overrides, words):
     tmp = planted(tmp_path)
     run = tmp_path / "run"
