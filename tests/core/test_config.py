@@ -16,6 +16,30 @@ OPTIONS = [(g, f.stem) for g in GROUPS for f in sorted((CONF / g).glob("*.yaml")
 EXPERIMENTS = sorted(f.stem for f in (CONF / "experiment").glob("*.yaml"))
 
 
+# The tests' compose_cfg applies the overrides of single values to its cached compose of the groups: each such
+# set, with groups or without, an added key, a value Hydra parses (a list, NaN, an empty string), a wrong type and
+# an unknown key, gives what Hydra's own compose gives, config or error.
+SAME_AS_HYDRA = [["batch=4", "seq_len=16"], ["data=synthetic", "lora.r=4", "batch=2"],
+                 ["lora.target_modules=[q_proj,v_proj]", "+experiment=tune", "gpu=a10"],
+                 ["model.path=", "model=qwen3.5-9b"], ["optimizer.lr=nan"], ["+train.extra=3"], ["batch=four"],
+                 ["train.max_step=10"]]
+
+
+@pytest.mark.parametrize("overrides", SAME_AS_HYDRA, ids=lambda o: ",".join(o))
+def test_the_tests_compose_gives_what_hydra_s_gives(overrides):
+    from hydra import compose, initialize_config_dir
+
+    def outcome(fn):
+        try:
+            return OmegaConf.to_yaml(fn())
+        except Exception as e:  # the error's kind and message, and its cause's
+            return f"{type(e).__name__}: {e} / {e.__cause__!r}"
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        hydra = outcome(lambda: compose(config_name="train", overrides=overrides))
+    assert outcome(lambda: compose_cfg(overrides)) == hydra
+
+
 def test_groups_present():
     assert {"model", "precision", "lora", "optimizer", "data", "gpu", "logger"} <= set(GROUPS)
     assert {"nf4", "int8", "bf16", "fp16", "fp32"} == {o for g, o in OPTIONS if g == "precision"}
