@@ -82,7 +82,8 @@ def compose_cfg(overrides=(), config_name="train", return_hydra_config=False):
 def _composed(overrides, config_name, return_hydra_config):
     values = [] if return_hydra_config else value_overrides(overrides)
     if values:
-        groups = tuple(o for o in overrides if o not in {v.input_line for v in values})
+        applied = {v.input_line for v in values}
+        groups = tuple(o for o in overrides if o not in applied)
         cfg = copy.deepcopy(_composed(groups, config_name, False))
         ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
         return cfg
