@@ -47,6 +47,10 @@
 #      search's best)
 #  28  Gemma-4-31B within 22 GiB, Unsloth's search alone (step 5's other backends measured: fast trains it, hf runs
 #      out of memory at load)
+#  29  LoRA r32 on every linear layer at 4,096 on one machine, each backend's best of its earlier search alone:
+#      Unsloth b4 with its checkpointing on (inputs on the GPU), then fast b2 with 5/8 of the layers recomputed
+#  30  the longest row at batch 1 within 22 GiB (Llama-3.1-8B, LoRA r16 on every linear layer): fast's search from
+#      49,152 tokens up to the model's window (131,072), then Unsloth's, brackets of 5% (step 4 without the snapshot)
 #  11  2,000 ShareGPT conversations packed into rows of 2,048 tokens within 22 GiB (Mistral-7B): fast, and Unsloth
 #      through its own padding-free path (carry .gpudata: the conversations)
 set -u
@@ -200,6 +204,21 @@ step27() {
 step28() {
   sweep 0 gemma-4-31b_unsloth $search model=gemma-4-31b data=synthetic search.max_cells=3 search.batches=[1,2,4] \
     search.checkpoint_fractions=[1] backend=unsloth
+}
+step29() {
+  local one="-m +experiment=seed_optimum train.max_steps=10 train.untimed_steps=3 seq_len=4096 gpu=a10 lora=all_linear"
+  one="$one lora.r=32 lora.alpha=64 train.gradient_checkpointing=true"
+  sweep 0 mistral-7b_all_linear_r32_4k_unsloth_b4 $one batch=4 train.checkpoint_fraction=1 \
+    backend.unsloth_offload=false backend=unsloth || return
+  sweep 0 mistral-7b_all_linear_r32_4k_fast_b2 $one batch=2 train.checkpoint_fraction=0.625 backend=fast
+}
+step30() {
+  local b cells
+  for b in fast unsloth; do
+    cells=4; [ $b = unsloth ] && cells=5
+    sweep 0 llama-3.1-8b_max_context_$b -m +experiment=max_context gpu=a10 model=llama-3.1-8b search.max_cells=$cells \
+      search.min_seq_len=49152 search.resolution_pct=0.05 train.max_steps=4 train.untimed_steps=2 backend=$b || return
+  done
 }
 step12() {
   with_fla
