@@ -148,6 +148,11 @@ def test_each_backend_s_max_context_layout_and_space():
                                    "train.offload_fraction=0", "train.offload_checkpoints=true")
     assert fast.layout.overrides == hf.layout.overrides + ("backend.tiled_mlp=4096", "backend.ce_chunk_mem=1")
     assert unsloth.layout.label == "unsloth checkpointing offloaded, tiled MLP"
+    assert of("backend=unsloth").backend.unsloth_tiled_mlp is True  # the experiment turns Unsloth's tiled MLP on
+    # and a command line that turns it off is heard: the layout neither sets it back on nor names it
+    untiled = context_space(of("backend=unsloth", "backend.unsloth_tiled_mlp=false")).layout
+    assert untiled.label == "unsloth checkpointing offloaded" and untiled.saves == (1, 1, 0)
+    assert not any("unsloth_tiled_mlp" in o for o in unsloth.layout.overrides + untiled.overrides)
     assert (hf.max_seq, hf.budget_gib, hf.min_seq) == (131072, 22.0, 1024) and hf.limit_why == "search.max_seq_len"
     mistral = context_space(of("backend=fast", "model=mistral-7b-v0.3"))
     assert mistral.max_seq == 32768 and mistral.limit_why == "the model's window (max_position_embeddings)"

@@ -51,6 +51,12 @@
 #      Unsloth b4 with its checkpointing on (inputs on the GPU), then fast b2 with 5/8 of the layers recomputed
 #  30  the longest row at batch 1 within 22 GiB (Llama-3.1-8B, LoRA r16 on every linear layer): fast's search from
 #      49,152 tokens up to the model's window (131,072), then Unsloth's, brackets of 5% (step 4 without the snapshot)
+#  31  step 30's Unsloth search without its tiled MLP (backend.unsloth_tiled_mlp=false: with it, its first cell
+#      failed in autograd), its checkpointing offloaded
+#  32  Unsloth's longest row without its tiled MLP, probed by hand (step 31's search set the tiled MLP on over the
+#      override): single cells of +experiment=max_context's workload at 76,032 tokens, then 5% up or down
+#  33  step 32's probe at 65,536 tokens (76,032 and 72,192 ran out of memory)
+#  34  its probe at 49,152 (65,536 ran out of memory too)
 #  11  2,000 ShareGPT conversations packed into rows of 2,048 tokens within 22 GiB (Mistral-7B): fast, and Unsloth
 #      through its own padding-free path (carry .gpudata: the conversations)
 set -u
@@ -220,6 +226,26 @@ step30() {
       search.min_seq_len=49152 search.resolution_pct=0.05 train.max_steps=4 train.untimed_steps=2 backend=$b || return
   done
 }
+step31() {
+  sweep 0 llama-3.1-8b_max_context_unsloth_untiled -m +experiment=max_context gpu=a10 model=llama-3.1-8b \
+    search.max_cells=4 search.min_seq_len=49152 search.resolution_pct=0.05 train.max_steps=4 train.untimed_steps=2 \
+    backend.unsloth_tiled_mlp=false backend=unsloth
+}
+uns_row() {  # uns_row <seq_len>: one cell of the max-context workload, Unsloth's offloaded checkpointing alone
+  local name=llama-3.1-8b_unsloth_untiled_s$1
+  [ -f $R/$name/metrics.json ] || { [ "$(left)" -ge 150 ] && echo $name >> $R/.names_0 && timeout $(left) python3 \
+    train.py +experiment=max_context hydra.mode=RUN model=llama-3.1-8b gpu=a10 seq_len=$1 backend=unsloth \
+    backend.unsloth_offload=true backend.unsloth_tiled_mlp=false train.checkpoint_fraction=1 train.max_steps=4 \
+    train.untimed_steps=2 hydra.run.dir=$R/$name >> $R/log_0.txt 2>&1; }
+  pack_gpu 0; python3 -c "import json; print(json.load(open('$R/$name/metrics.json'))['status'])" 2>/dev/null
+}
+step32() {
+  local st; st=$(uns_row 76032); echo "unsloth 76032: $st" | tee -a $R/log_0.txt
+  if [ "$st" = ok ]; then st=$(uns_row 79872); else st=$(uns_row 72192); fi
+  echo "unsloth second: $st" | tee -a $R/log_0.txt
+}
+step33() { echo "unsloth 65536: $(uns_row 65536)" | tee -a $R/log_0.txt; }
+step34() { echo "unsloth 49152: $(uns_row 49152)" | tee -a $R/log_0.txt; }
 step12() {
   with_fla
   sweep 0 qwen3.5-9b_fast_profiled $one batch=16 train.profile_steps=2 || return

@@ -1,6 +1,6 @@
 """The checkpoints users bring now, on one H100: Qwen3.5-9B within 22 GiB (fast with its linear-attention rule
 compiled and without, hf, Unsloth), Gemma-4-31B and gpt-oss-20b (its experts adapted) on the whole GPU, which fast
-part moves Qwen3.5's gate gradients, and fast's longest row of Llama-3.1-8B within 22 GiB."""
+part moves Qwen3.5's gate gradients."""
 import json
 
 from .qwen35 import pytest_summary
@@ -94,22 +94,12 @@ def gate_parts() -> str:
                      "worst / bound"], out)
 
 
-def longest_row() -> str:
-    b = bests(f"{RUN}/llama-3.1-8b_max_context_fast")["fast"]
-    return (f"fast's longest row of Llama-3.1-8B (nf4, LoRA r16 q/k/v/o, batch 1) within 22 GiB: "
-            f"{b.cell.config['seq_len']:,} tokens at {tok(b.cell):,.0f} tok/s, {_gib(b.cell)} GiB ({b.layout}; "
-            f"MFU {b.cell.metrics['perf/mfu_pct']:.1f}%). 131,072 ran out of memory; the search stopped at its "
-            f"deadline after {b.measured} cells, so the ceiling lies between the two and was not refined further, "
-            "and Unsloth's search did not run.")
-
-
 def checkpoints() -> str:
     one = bests(f"{RUN}/qwen3.5-9b_hf")["hf"].cell
     sweeps = ["qwen3.5-9b_fast", "qwen3.5-9b_hf", "qwen3.5-9b_fast_rule_eager", "qwen3.5-9b_unsloth",
-              "gemma-4-31b_fast", "gemma-4-31b_hf", "gemma-4-31b_unsloth", "gpt-oss-20b_fast", "gpt-oss-20b_hf",
-              "llama-3.1-8b_max_context_fast"]
+              "gemma-4-31b_fast", "gemma-4-31b_hf", "gemma-4-31b_unsloth", "gpt-oss-20b_fast", "gpt-oss-20b_hf"]
     return "\n\n".join([
-        "## Qwen3.5, Gemma 4 and gpt-oss; fast's longest row",
+        "## Qwen3.5, Gemma 4 and gpt-oss",
         f"One {gpu(one)}, each backend's search in turn (at most 4 cells at seq 1024; nf4 QLoRA, LoRA r16, "
         "paged_adamw_8bit, synthetic rows). Qwen3.5-9B within 22 GiB (`gpu=a10`), its adapters on q/k/v/o of its 8 "
         "full-attention layers; its 24 Gated DeltaNet layers ran transformers' PyTorch rule (flash-linear-attention "
@@ -133,7 +123,6 @@ def checkpoints() -> str:
         f"compiled): {family_tests(RUN)} ({link(RUN + '/gpu_tests.txt')}). The same gradients with each fast part "
         "off in turn (`python docs/runs/scripts/gate_grad_parts.py qwen3_5_text`):",
         gate_parts(),
-        longest_row(),
         "```bash\n" + "\n".join(command(f"{RUN}/{s}") for s in sweeps) + "\n```",
         f"Run dir: {link(RUN)} (commit {commit(one)}; {software(one)}); how it ran: {link(RUN + '/README.md')}.",
         within_budget()])

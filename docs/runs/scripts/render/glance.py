@@ -2,7 +2,7 @@
 same run dirs as docs/results.md's first and third sections."""
 import statistics
 
-from . import models, qwen35, reference
+from . import longest, models, qwen35, reference
 from .runs import bests, md_table, short_gpu, tok
 
 HEADER = ("Non-pad tokens/s of QLoRA fine-tuning (nf4, LoRA r16 on q/k/v/o) within 22 GiB, an A10's memory, on "
@@ -49,7 +49,16 @@ def behind(rows: list[list]) -> str:
             + ("." if x <= least else f"; the narrowest lead above is {name}, {least:.2f}x."))
 
 
+def long_rows() -> str:
+    """fast's longest Llama-3.1-8B row within 22 GiB beside Unsloth's bracket (render/longest.py's cells)."""
+    f, lo, hi = longest.ceilings()
+    return (f"Long rows: on Llama-3.1-8B (LoRA on every linear layer, within 22 GiB, {short_gpu(f)}) fast trains "
+            f"{f.config['seq_len']:,} tokens a row, the model's window, at {tok(f):,.0f} tok/s; Unsloth {lo:,} "
+            f"({hi:,} ran out of memory) without its tiled MLP, which fails in its backward "
+            "([docs/results.md](docs/results.md#the-longest-row-within-22-gib)).")
+
+
 def glance() -> str:
     head = ["model", "seq", "fast tok/s", "x Unsloth's best", "x hf's best", "fast MFU", "GPU"]
     rows = mistral_rows() + model_rows()
-    return HEADER + "\n\n" + md_table(head, rows) + "\n\n" + behind(rows)
+    return HEADER + "\n\n" + md_table(head, rows) + "\n\n" + behind(rows) + " " + long_rows()
