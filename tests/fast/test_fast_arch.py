@@ -113,14 +113,15 @@ def test_every_key_of_backend_fast_is_a_part_of_the_table():
 
 
 def test_every_backend_key_but_name_fit_parts_and_unsloth_s_is_a_part_described_in_the_table():
-    """BackendConfig's keys are the parts of PARTS (packing is data.packing) and name, fit_parts and Unsloth's two
-    (unsloth_offload, unsloth_tiled_mlp), which are not parts: each part's description lives in PARTS alone."""
+    """BackendConfig's keys are the parts of PARTS (packing is data.packing) and name, fit_parts and Unsloth's three
+    (unsloth_offload, unsloth_tiled_mlp, unsloth_fused_lora), which are not parts: each part's description lives in
+    PARTS alone."""
     import dataclasses
 
     from lorabench.core.config import BackendConfig
 
     keys = {f.name for f in dataclasses.fields(BackendConfig)} - {"name", "fit_parts", "unsloth_offload",
-                                                                   "unsloth_tiled_mlp"}
+                                                                   "unsloth_tiled_mlp", "unsloth_fused_lora"}
     assert keys == {p.key for p in parts.PARTS} - {"packing"}
     assert all(p.what and not p.what.endswith(".") for p in parts.PARTS)
 

@@ -110,6 +110,31 @@ def test_unsloth_is_refused_on_cpu_and_with_options_it_does_not_read(monkeypatch
         backends.check(c, torch.device("cuda", 0))
 
 
+def test_unsloth_s_fused_lora_kernels_are_turned_off_through_its_own_switch_and_never_in_silence(monkeypatch):
+    """backend.unsloth_fused_lora=false reaches Unsloth as UNSLOTH_FUSED_LORA_DROPOUT=0, set in the cell's process
+    before Unsloth is imported; Unsloth honours that switch only where the adapters have dropout, so with
+    lora.dropout=0 the option is refused, and the switch set in the environment against the config is refused
+    too (the cell would run without the kernels while its config said they ran)."""
+    from lorabench.run.checks import check_values
+    from lorabench.run.worker import unsloth_environment
+
+    def of(*over):
+        return OmegaConf.to_object(compose_cfg(["backend=unsloth", *over]))
+
+    monkeypatch.delenv("UNSLOTH_FUSED_LORA_DROPOUT", raising=False)
+    assert unsloth_environment(of()) == {}
+    assert unsloth_environment(of("backend.unsloth_fused_lora=false")) == {"UNSLOTH_FUSED_LORA_DROPOUT": "0"}
+    check_values(of("backend.unsloth_fused_lora=false"))  # lora.dropout 0.05: Unsloth honours the switch
+    with pytest.raises(ValueError, match=r"backend.unsloth_fused_lora=false with lora.dropout=0: .* give lora.dropout"):
+        check_values(of("backend.unsloth_fused_lora=false", "lora.dropout=0"))
+    monkeypatch.setenv("UNSLOTH_FUSED_LORA_DROPOUT", "0")
+    with pytest.raises(ValueError, match=r"UNSLOTH_FUSED_LORA_DROPOUT=0 is set here.*backend.unsloth_fused_lora=false"):
+        check_values(of())
+    check_values(of("backend.unsloth_fused_lora=false"))  # the environment and the config agree
+    check_values(of("lora.dropout=0"))  # the switch does nothing without dropout: the kernels run, as said
+    check_values(of("backend=fast"))  # another backend's cell: Unsloth's switch is not its business
+
+
 @pytest.mark.parametrize("model", ["gemma-2-9b", "mistral-nemo-12b"])
 def test_unsloth_on_a_model_without_a_folder_tokenizer_is_skipped_by_name(monkeypatch, model):
     """Unsloth's loader reads a tokenizer from the model's folder: Gemma's ships in no package offline and

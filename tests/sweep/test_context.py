@@ -147,10 +147,12 @@ def test_each_backend_s_max_context_layout_and_space():
     assert hf.layout.overrides == ("train.gradient_checkpointing=true", "train.checkpoint_fraction=1",
                                    "train.offload_fraction=0", "train.offload_checkpoints=true")
     assert fast.layout.overrides == hf.layout.overrides + ("backend.tiled_mlp=4096", "backend.ce_chunk_mem=1")
-    assert unsloth.layout.label == "unsloth checkpointing offloaded, tiled MLP"
-    assert of("backend=unsloth").backend.unsloth_tiled_mlp is True  # the experiment turns Unsloth's tiled MLP on
-    # and a command line that turns it off is heard: the layout neither sets it back on nor names it
-    untiled = context_space(of("backend=unsloth", "backend.unsloth_tiled_mlp=false")).layout
+    assert unsloth.layout.label == "unsloth checkpointing offloaded, tiled MLP, PEFT's LoRA forward"
+    # the experiment turns Unsloth's tiled MLP on and its fused LoRA kernels off (they fail under it)
+    assert of("backend=unsloth").backend.unsloth_tiled_mlp and not of("backend=unsloth").backend.unsloth_fused_lora
+    # and a command line that says otherwise is heard: the layout neither sets them back nor names them
+    untiled = context_space(of("backend=unsloth", "backend.unsloth_tiled_mlp=false",
+                               "backend.unsloth_fused_lora=true")).layout
     assert untiled.label == "unsloth checkpointing offloaded" and untiled.saves == (1, 1, 0)
     assert not any("unsloth_tiled_mlp" in o for o in unsloth.layout.overrides + untiled.overrides)
     assert (hf.max_seq, hf.budget_gib, hf.min_seq) == (131072, 22.0, 1024) and hf.limit_why == "search.max_seq_len"

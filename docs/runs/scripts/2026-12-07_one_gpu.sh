@@ -57,6 +57,8 @@
 #      override): single cells of +experiment=max_context's workload at 76,032 tokens, then 5% up or down
 #  33  step 32's probe at 65,536 tokens (76,032 and 72,192 ran out of memory)
 #  34  its probe at 49,152 (65,536 ran out of memory too)
+#  35  Unsloth's longest-row search with its tiled MLP and PEFT's LoRA forward (+experiment=max_context's layout
+#      since: its fused LoRA MLP fails under its tiled MLP), from 65,536 tokens up
 #  11  2,000 ShareGPT conversations packed into rows of 2,048 tokens within 22 GiB (Mistral-7B): fast, and Unsloth
 #      through its own padding-free path (carry .gpudata: the conversations)
 set -u
@@ -246,6 +248,11 @@ step32() {
 }
 step33() { echo "unsloth 65536: $(uns_row 65536)" | tee -a $R/log_0.txt; }
 step34() { echo "unsloth 49152: $(uns_row 49152)" | tee -a $R/log_0.txt; }
+step35() {
+  sweep 0 llama-3.1-8b_max_context_unsloth_peft -m +experiment=max_context gpu=a10 model=llama-3.1-8b \
+    search.max_cells=4 search.min_seq_len=65536 search.resolution_pct=0.05 train.max_steps=4 train.untimed_steps=2 \
+    backend=unsloth
+}
 step12() {
   with_fla
   sweep 0 qwen3.5-9b_fast_profiled $one batch=16 train.profile_steps=2 || return

@@ -721,6 +721,10 @@ class BackendConfig:
     # backend=unsloth: Unsloth's tiled MLP (its loader's unsloth_tiled_mlp: the MLP in tiles of the row, recomputed
     # tile by tile), its memory part for long rows beside its offloaded checkpointing.
     unsloth_tiled_mlp: bool = False
+    # backend=unsloth: its fused LoRA kernels (q/k/v, o and the MLP with their adapters in one pass); false runs
+    # PEFT's own LoRA forward under Unsloth's other parts, through Unsloth's UNSLOTH_FUSED_LORA_DROPOUT=0, which
+    # it honours where lora.dropout > 0. Unsloth 2026.10's tiled MLP fails in its backward with its fused MLP.
+    unsloth_fused_lora: bool = True
 
     def __post_init__(self) -> None:
         if self.ce_chunk_mem < 1:

@@ -189,6 +189,15 @@ def check_backend(c: Config) -> None:
         raise ValueError(f"train.offload_checkpoints={str(c.train.offload_checkpoints).lower()} and backend.tiled_mlp="
                          f"{b.tiled_mlp} are lorabench's; backend=unsloth offloads its checkpointed layers' inputs "
                          "itself (backend.unsloth_offload=true): use false and 0 with it")
+    if b.name is Backend.unsloth and not b.unsloth_fused_lora and c.lora.dropout == 0:
+        raise ValueError("backend.unsloth_fused_lora=false with lora.dropout=0: Unsloth turns its fused LoRA kernels "
+                         "off only where the adapters have dropout (UNSLOTH_FUSED_LORA_DROPOUT=0); give lora.dropout "
+                         "> 0 or keep them on")
+    if b.name is Backend.unsloth and b.unsloth_fused_lora and c.lora.dropout > 0 \
+            and os.environ.get("UNSLOTH_FUSED_LORA_DROPOUT", "1") == "0":
+        raise ValueError("UNSLOTH_FUSED_LORA_DROPOUT=0 is set here, which turns Unsloth's fused LoRA kernels off "
+                         "while backend.unsloth_fused_lora=true says they are on: unset it, or say "
+                         "backend.unsloth_fused_lora=false (the cell then records it)")
     if b.name is Backend.unsloth and c.train.offload_fraction:
         raise ValueError(f"train.offload_fraction={c.train.offload_fraction:g} is lorabench's offloading; "
                          "backend=unsloth runs its own (it offloads its checkpointed layers' inputs): use 0 with it")

@@ -27,6 +27,11 @@ from lorabench.run.cell import record
 log = logging.getLogger(__name__)
 
 
+def unsloth_environment(c: Config) -> dict[str, str]:
+    """The environment that sets what the cell's config says of Unsloth's parts (its own switches)."""
+    return {} if c.backend.unsloth_fused_lora else {"UNSLOTH_FUSED_LORA_DROPOUT": "0"}
+
+
 def worker(run_dir: Path) -> None:
     """One rank of a cell started by lorabench.run.distributed (under torchrun, or alone for
     backend=unsloth): the cell from its resolved config; rank<r>.json whatever happens."""
@@ -41,6 +46,7 @@ def worker(run_dir: Path) -> None:
             # Unsloth writes the code it compiles to ./unsloth_compiled_cache unless told where.
             os.environ.setdefault("UNSLOTH_COMPILE_LOCATION",
                                   os.path.join(os.path.expanduser(c.data.cache_dir), "unsloth_compiled_cache"))
+            os.environ.update(unsloth_environment(c))  # read by Unsloth's modules as they are imported
             import unsloth  # noqa: F401  (before transformers, as Unsloth asks: it patches it on import)
         from lorabench.run.loop import measure  # (after unsloth: it imports transformers)
 

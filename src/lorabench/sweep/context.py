@@ -212,14 +212,17 @@ def ceiling(st: ContextSearch, stop: str) -> Ceiling:
 def context_layout(c) -> Layout:
     """The layout saving the most memory on c's backend (lorabench.sweep.search.long_layouts; Unsloth's offloaded
     checkpointing, with its tiled MLP where backend.unsloth_tiled_mlp is on: its own two memory parts for long
-    rows; +experiment=max_context turns it on, and =false keeps it off)."""
+    rows; +experiment=max_context turns it on, with PEFT's LoRA forward in place of Unsloth's fused LoRA kernels,
+    which fail under it)."""
     from lorabench.core.config import Backend
     from lorabench.sweep import memory
     from lorabench.sweep.search import long_layouts
 
     if c.backend.name is Backend.unsloth:  # its tiled MLP as backend.unsloth_tiled_mlp says (the experiment: on)
         plan, tiled = memory.Plan(1.0, 0.0, True), c.backend.unsloth_tiled_mlp
-        return Layout("unsloth checkpointing offloaded" + (", tiled MLP" if tiled else ""),
+        label = "unsloth checkpointing offloaded" + (", tiled MLP" if tiled else "") \
+            + ("" if c.backend.unsloth_fused_lora else ", PEFT's LoRA forward")
+        return Layout(label,
                       ("train.gradient_checkpointing=true", "train.checkpoint_fraction=1",
                        "backend.unsloth_offload=true"), (1, 1, int(tiled)), 0.0, plan)
     return long_layouts(c, memory.MemoryModel.of(c))[-1]

@@ -9,6 +9,9 @@ from .runs import RUNS, cell, command, commit, gpu, link, md_table, software, to
 
 LONG = "2026-12-07g_h100_longest_row_r32"  # fast's search, then Unsloth's, then Unsloth's cells by hand, one GPU
 UNTILED = (49152, 65536, 72192, 76032)  # Unsloth's cells without its tiled MLP (llama-3.1-8b_unsloth_untiled_s<n>)
+# +experiment=max_context turned Unsloth's fused LoRA kernels off after this run (they fail under its tiled MLP):
+# Unsloth's commands keep them on, as they ran
+FUSED_ON = " backend.unsloth_fused_lora=true"
 PUBLISHED = 78_475  # Unsloth's published longest Llama-3.1-8B QLoRA row in a 24 GB card (its Llama 3.3 write-up)
 
 
@@ -74,8 +77,8 @@ def longest() -> str:
         "ceiling lies above. Where fast's memory goes at 131,072 tokens, by the memory model (GiB, on the GPU "
         f"{m['device']:.2f} against {f.metrics['mem/peak_reserved_gib']:.2f} measured): {where}.",
         "```bash\n" + command(f"{LONG}/llama-3.1-8b_max_context_fast") + "\n"
-        + command(f"{LONG}/llama-3.1-8b_max_context_unsloth") + "\n"
-        + "\n".join(_cell_command(n) for n in UNTILED) + "\n```",
+        + command(f"{LONG}/llama-3.1-8b_max_context_unsloth") + FUSED_ON + "\n"
+        + "\n".join(_cell_command(n) + FUSED_ON for n in UNTILED) + "\n```",
         f"Run dir: {link(LONG)} (commit {commit(f)}; {software(u)}); how it ran: {link(LONG + '/README.md')}."])
 
 
