@@ -29,26 +29,28 @@ def _unsloth_error() -> str:
 def ceilings():
     """(fast's cell at its ceiling, Unsloth's longest row that trained, its shortest that ran out of memory)."""
     fast = load_searches(RUNS / LONG / "llama-3.1-8b_max_context_fast")[0].ceiling
-    cells = {n: cell(f"{LONG}/llama-3.1-8b_unsloth_untiled_s{n}") for n in UNTILED}
+    cells = _untiled()
     return (cell(f"{LONG}/llama-3.1-8b_max_context_fast/{fast.job}"),
             max(n for n, r in cells.items() if r.status == "ok"), min(n for n, r in cells.items() if r.status == "oom"))
 
 
+def _untiled():
+    """{seq_len: Unsloth's cell without its tiled MLP}."""
+    return {n: cell(f"{LONG}/llama-3.1-8b_unsloth_untiled_s{n}") for n in UNTILED}
+
+
 def longest() -> str:
     fast = load_searches(RUNS / LONG / "llama-3.1-8b_max_context_fast")[0].ceiling
-    f = cell(f"{LONG}/llama-3.1-8b_max_context_fast/{fast.job}")
+    (f, lo, hi), cells = ceilings(), _untiled()
     rows = [["fast", fast.layout, f"{fast.longest_ok:,}", "-" if fast.shortest_oom is None else
              f"{fast.shortest_oom:,}", f"{tok(f):,.0f}", f"{f.metrics['mem/peak_reserved_gib']:.1f}",
              f"{f.metrics['perf/mfu_pct']:.1f}", fast.stop]]
-    cells = {n: cell(f"{LONG}/llama-3.1-8b_unsloth_untiled_s{n}") for n in UNTILED}
-    fits = [n for n, r in cells.items() if r.status == "ok"]
-    oom = [n for n, r in cells.items() if r.status == "oom"]
-    lo, hi = max(fits), min(oom)
+    fits, oom = sorted(n for n in cells if n <= lo), sorted(n for n in cells if n >= hi)
     u = cells[lo]
     rows.append(["unsloth", "its checkpointing offloaded, its tiled MLP off", f"{lo:,}", f"{hi:,}",
                  f"{tok(u):,.0f}", f"{u.metrics['mem/peak_reserved_gib']:.1f}", f"{u.metrics['perf/mfu_pct']:.1f}",
-                 f"single cells: {', '.join(f'{n:,}' for n in sorted(fits))} trained; "
-                 + "; ".join(f"{n:,} out of memory ({_asked(cells[n].error)})" for n in sorted(oom))])
+                 f"single cells: {', '.join(f'{n:,}' for n in fits)} trained; "
+                 + "; ".join(f"{n:,} out of memory ({_asked(cells[n].error)})" for n in oom)])
     m = fast.memory
     parts = [("weights", "weights"), ("lora", "LoRA, its gradients and optimizer"), ("working", "one layer in its "
              "backward (its MLP in tiles of 4,096 tokens)"), ("logits", "the loss's logits (in chunks)"),
