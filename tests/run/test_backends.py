@@ -237,6 +237,24 @@ def test_saved_random_init_loads_as_the_same_model_and_tokenizer(tmp_path, monke
     assert backends.saved_random_init(other, cpu) != path  # another seed, other weights: another dir
 
 
+def test_a_random_init_the_disk_cannot_hold_is_refused_before_a_weight_is_drawn(tmp_path, monkeypatch):
+    """Unsloth's loader reads a saved initialisation (Gemma-4-31B's: 57 GiB in bf16): a disk with less room is
+    named, with what the weights take and what is free, before anything is drawn or written, and the directory
+    begun for it is removed."""
+    import shutil
+    from collections import namedtuple
+
+    monkeypatch.setenv("LORABENCH_CACHE", str(tmp_path))
+    c = OmegaConf.to_object(compose_cfg([]))
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(2**40, 2**40 - 2**20, 2**20))  # 1 MiB free
+    monkeypatch.setattr(modeling.RandomWeight, "__getitem__", lambda *a: pytest.fail("a weight was drawn"))
+    with pytest.raises(RuntimeError, match=r"model=tiny take 0\.\d GiB in bf16 and .* has 0\.0 GiB free; give "
+                                           r"data.cache_dir a disk with room, or model.path"):
+        backends.saved_random_init(c, torch.device("cpu"))
+    assert list((tmp_path / "random_init").iterdir()) == []
+
+
 def test_a_random_init_saved_by_another_process_meanwhile_is_kept(tmp_path, monkeypatch):
     """Each GPU's list may start an Unsloth cell of the same model at once: each saves into a directory of
     its own, and the one that finds the initialisation saved when it is done keeps that and drops its own."""

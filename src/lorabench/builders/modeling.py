@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import shutil
 from pathlib import Path
 
 import torch
@@ -216,6 +217,10 @@ def random_state_dict(skeleton, device: torch.device, later: bool = False) -> di
     return weights
 
 
+class NoRoom(OSError):
+    """The disk holds less than the weights to save (said before any weight is drawn)."""
+
+
 def save_random_weights(model_cfg: ModelConfig, device: torch.device, path: Path, shard_gib: float = 2.0) -> None:
     """The model's random weights (random_state_dict's draws, in its order, each drawn on `device` and moved to host
     memory) saved as safetensors shards of at most shard_gib with their index, and its config: what a loader that
@@ -237,6 +242,10 @@ def save_random_weights(model_cfg: ModelConfig, device: torch.device, path: Path
             size = 0
         shards[-1].append(name)
         size, total = size + nbytes, total + nbytes
+    free = shutil.disk_usage(path).free
+    if total > free:  # found out before minutes of drawing and writing, not at the last shard
+        raise NoRoom(f"the random weights of model={model_cfg.name} take {total / 2**30:.1f} GiB in bf16 and {path} "
+                     f"has {free / 2**30:.1f} GiB free")
     files = ["model.safetensors"] if len(shards) == 1 else \
         [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     for names, file in zip(shards, files):

@@ -234,7 +234,12 @@ def saved_random_init(c: Config, device: torch.device) -> Path:
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    modeling.save_random_weights(c.model, device, tmp)
+    try:
+        modeling.save_random_weights(c.model, device, tmp)
+    except modeling.NoRoom as e:
+        shutil.rmtree(tmp)
+        raise RuntimeError(f"backend=unsloth loads from a directory: {e}; give data.cache_dir a disk with room, or "
+                           "model.path a saved checkpoint") from None
     if device.type == "cuda":  # the draws are not the cell's: its peak is the loader's and the steps'
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
