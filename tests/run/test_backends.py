@@ -328,6 +328,23 @@ def test_unsloth_cell_trains_in_a_process_of_its_own_on_gpu(tmp_path):
 @pytest.mark.gpu
 @requires_cuda
 @pytest.mark.skipif(importlib.util.find_spec("unsloth") is None, reason="unsloth not installed")
+def test_unsloth_s_tiled_mlp_trains_through_peft_s_lora_forward_on_gpu(tmp_path):
+    """+experiment=max_context's Unsloth layout: its offloaded checkpointing and tiled MLP with PEFT's LoRA forward
+    (backend.unsloth_fused_lora=false; Unsloth's fused LoRA MLP writes into its input in the backward, which the
+    tiled MLP's backward refuses) trains, the switch set in the cell's process alone."""
+    import os
+
+    r = run_in_process(["backend=unsloth", "precision=nf4", "optimizer=paged_adamw_8bit", "seq_len=512",
+                        "lora=all_linear", "train.gradient_checkpointing=true", "train.checkpoint_fraction=1",
+                        "backend.unsloth_tiled_mlp=true", "backend.unsloth_fused_lora=false",
+                        "train.max_steps=6", "train.untimed_steps=2", "data.max_samples=16"], tmp_path)
+    assert r.status.value == "ok", r.error
+    assert "UNSLOTH_FUSED_LORA_DROPOUT" not in os.environ
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.skipif(importlib.util.find_spec("unsloth") is None, reason="unsloth not installed")
 def test_unsloth_cell_trains_on_packed_rows_on_gpu(tmp_path):
     """Packed rows at batch 4 reach Unsloth as one row with each sample's length (lorabench.builders.data.PackedCollator):
     laid out row by row they failed in its attention on the shapes (2026-11-26_gaps)."""

@@ -248,7 +248,10 @@ step32() {
 }
 step33() { echo "unsloth 65536: $(uns_row 65536)" | tee -a $R/log_0.txt; }
 step34() { echo "unsloth 49152: $(uns_row 49152)" | tee -a $R/log_0.txt; }
-step35() {
+step35() {  # the GPU test of that layout on the tiny model first (a minute, against minutes of an 8B cell)
+  [ -f $R/tiled_test.txt ] || { timeout 150 python3 -m pytest -q -m gpu tests/run/test_backends.py -k tiled_mlp \
+    > $R/tiled_test.txt 2>&1; echo tiled_test.txt >> $R/.names_0; pack_gpu 0; }
+  grep -q "1 passed" $R/tiled_test.txt || return 1
   sweep 0 llama-3.1-8b_max_context_unsloth_peft -m +experiment=max_context gpu=a10 model=llama-3.1-8b \
     search.max_cells=4 search.min_seq_len=65536 search.resolution_pct=0.05 train.max_steps=4 train.untimed_steps=2 \
     backend=unsloth
