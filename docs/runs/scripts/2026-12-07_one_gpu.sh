@@ -59,6 +59,8 @@
 #  34  its probe at 49,152 (65,536 ran out of memory too)
 #  35  Unsloth's longest-row search with its tiled MLP and PEFT's LoRA forward (+experiment=max_context's layout
 #      since: its fused LoRA MLP fails under its tiled MLP), from 65,536 tokens up
+#  36  Mistral-7B's longest row within 22 GiB, fast's and Unsloth's searches from 32,768 tokens up, its window
+#      raised to 131,072 (random weights: the positions past its 32,768 cost what they cost)
 #  11  2,000 ShareGPT conversations packed into rows of 2,048 tokens within 22 GiB (Mistral-7B): fast, and Unsloth
 #      through its own padding-free path (carry .gpudata: the conversations)
 set -u
@@ -255,6 +257,14 @@ step35() {  # the GPU test of that layout on the tiny model first (a minute, aga
   sweep 0 llama-3.1-8b_max_context_unsloth_peft -m +experiment=max_context gpu=a10 model=llama-3.1-8b \
     search.max_cells=4 search.min_seq_len=65536 search.resolution_pct=0.05 train.max_steps=4 train.untimed_steps=2 \
     backend=unsloth
+}
+step36() {
+  local b
+  for b in fast unsloth; do
+    sweep 0 mistral-7b_max_context_$b -m +experiment=max_context gpu=a10 model=mistral-7b-v0.3 \
+      model.max_position_embeddings=131072 search.max_cells=4 search.min_seq_len=32768 search.resolution_pct=0.05 \
+      train.max_steps=4 train.untimed_steps=2 backend=$b || return
+  done
 }
 step12() {
   with_fla
