@@ -1,11 +1,8 @@
 """The longest row each backend trains at batch 1 within 22 GiB (Llama-3.1-8B, nf4, LoRA r16 on every linear
 layer): fast's max-context search, Unsloth's with its tiled MLP (its backward fails) and single cells without it."""
-import json
-import re
-
 from lorabench.core.results import load_searches
 
-from .runs import RUNS, cell, command, commit, gpu, link, md_table, software, tok
+from .runs import RUNS, asked, cell, command, commit, failed, gpu, link, md_table, software, tok
 
 LONG = "2026-12-07g_h100_longest_row_r32"  # fast's search, then Unsloth's, then Unsloth's cells by hand, one GPU
 UNTILED = (49152, 65536, 72192, 76032)  # Unsloth's cells without its tiled MLP (llama-3.1-8b_unsloth_untiled_s<n>)
@@ -13,17 +10,6 @@ UNTILED = (49152, 65536, 72192, 76032)  # Unsloth's cells without its tiled MLP 
 # Unsloth's commands keep them on, as they ran
 FUSED_ON = " backend.unsloth_fused_lora=true"
 PUBLISHED = 78_475  # Unsloth's published longest Llama-3.1-8B QLoRA row in a 24 GB card (its Llama 3.3 write-up)
-
-
-def _asked(error: str) -> str:
-    m = re.search(r"Tried to allocate ([\d.]+ [GM]iB)", error or "")
-    return f"asked {m.group(1)} more" if m else ""
-
-
-def _unsloth_error() -> str:
-    """The first line of the error that ended Unsloth's search with its tiled MLP on."""
-    r = json.loads((RUNS / LONG / "llama-3.1-8b_max_context_unsloth/0/metrics.json").read_text())
-    return re.sub(r"^RuntimeError: rank 0 of 1: |\s*\(torchrun exit code.*$", "", r["error"]).split(". ")[0]
 
 
 def ceilings():
@@ -50,13 +36,14 @@ def longest() -> str:
     rows.append(["unsloth", "its checkpointing offloaded, its tiled MLP off", f"{lo:,}", f"{hi:,}",
                  f"{tok(u):,.0f}", f"{u.metrics['mem/peak_reserved_gib']:.1f}", f"{u.metrics['perf/mfu_pct']:.1f}",
                  f"single cells: {', '.join(f'{n:,}' for n in fits)} trained; "
-                 + "; ".join(f"{n:,} out of memory ({_asked(cells[n].error)})" for n in oom)])
+                 + "; ".join(f"{n:,} out of memory (asked {asked(cells[n].error)} more)" for n in oom)])
     m = fast.memory
     parts = [("weights", "weights"), ("lora", "LoRA, its gradients and optimizer"), ("working", "one layer in its "
              "backward (its MLP in tiles of 4,096 tokens)"), ("logits", "the loss's logits (in chunks)"),
              ("slack", "allocator slack")]
     where = "; ".join(f"{label} {m[k]:.2f}" for k, label in parts) + f"; offloaded to host memory {m['host']:.1f}"
     x = fast.longest_ok / hi
+    why = failed(f"{LONG}/llama-3.1-8b_max_context_unsloth").split(". ")[0]  # its first cell's error, first sentence
     return "\n\n".join([
         "## The longest row within 22 GiB",
         f"Llama-3.1-8B (nf4 QLoRA, LoRA r16 on every linear layer, paged_adamw_8bit, synthetic rows at batch 1, "
@@ -64,7 +51,7 @@ def longest() -> str:
         "49,152 tokens up to the model's window, in its layout that saves the most memory (every layer recomputed "
         "with its input in host memory, its MLP in tiles, its loss in chunks). Unsloth: the same search with its "
         "offloaded checkpointing and its tiled MLP failed in its first backward, in Unsloth's tiled MLP "
-        f"(`unsloth_zoo/tiled_mlp.py`): \"{_unsloth_error()}\". Its fused LoRA MLP, which it runs at this LoRA "
+        f"(`unsloth_zoo/tiled_mlp.py`): \"{why}\". Its fused LoRA MLP, which it runs at this LoRA "
         "dropout too, writes the input's gradient into its saved input, and in the tiled MLP's backward that input "
         "is a view of the row made with gradients off: the same error on a CPU from Unsloth's own two functions "
         f"({link(LONG + '/unsloth_tiled_mlp')}), at LoRA dropout 0.05 and 0 alike. Without its tiled MLP, single "

@@ -56,6 +56,12 @@ def bests(sweep: str) -> dict[str, Best]:
     return out
 
 
+def asked(error: str | None) -> str | None:
+    """What an out-of-memory error says the allocation asked for ("1.75 GiB"), or None."""
+    m = re.search(r"Tried to allocate ([\d.]+ [GM]iB)", error or "")
+    return m.group(1) if m else None
+
+
 def failed(sweep: str) -> str:
     """Why every cell of a sweep that measured none failed: its first cell's error line, or the OOMs' peaks."""
     results = [json.loads(p.read_text()) for p in sorted((RUNS / sweep).glob("*/metrics.json"))]
@@ -63,11 +69,10 @@ def failed(sweep: str) -> str:
         return "not run"
     if all(r["status"] == "oom" for r in results):
         peaks = ", ".join(f"{r['metrics']['mem/peak_reserved_gib']:.1f}" for r in results)
-        asked = sorted({m.group(1) for r in results if (m := re.search(r"Tried to allocate ([\d.]+ [GM]iB)",
-                                                                         r.get("error") or ""))})
+        more = sorted({a for r in results if (a := asked(r.get("error")))})
         n = len(results)
         return (f"every cell ran out of memory ({n} cell{'s' if n > 1 else ''}, peak reserved {peaks} GiB"
-                + (f"; asking for {' or '.join(asked)} more)" if asked else ")"))
+                + (f"; asking for {' or '.join(more)} more)" if more else ")"))
     error = results[0]["error"]
     return re.sub(r"^RuntimeError: rank 0 of 1: |\s*\(torchrun exit code.*$", "", error)
 
